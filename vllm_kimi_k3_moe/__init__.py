@@ -1,0 +1,74 @@
+"""vLLM general plugin: Kimi-K3 routed experts padded by their quantization backend.
+
+Patch index (each module opens with its full ledger entry):
+
+``vllm_kimi_k3_moe.models.kimi_k3.nvidia.model``
+    ``vllm.models.kimi_k3.nvidia.model.KimiMoE``: regular (non-MegaMoE)
+    FusedMoE receives ``moe_intermediate_size``; the selected quantization
+    backend owns the padded per-rank layout. Delete with the vLLM release that
+    ships the upstream fix.
+
+``register()`` only installs an import hook: the patch applies when vLLM imports
+the Kimi-K3 NVIDIA model module, in whichever process does so.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vllm_kimi_k3_moe.import_hooks import call_after_import
+
+__all__ = ["register"]
+
+# A child of vLLM's logger, so messages use vLLM's handler and format.
+logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
+
+KIMI_K3_PACKAGE = "vllm.models.kimi_k3"
+KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
+
+_registered = False
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
+
+
+def _patch_nvidia_model(module: object) -> None:
+    from vllm_kimi_k3_moe.compat import kimi_k3_platform_refusal
+
+    refusal = kimi_k3_platform_refusal()
+    if refusal is not None:
+        _warn_once(refusal)
+        return
+    from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model as patch
+
+    patch.apply(module)  # type: ignore[arg-type]
+
+
+def _report_platform(_package: object) -> None:
+    from vllm_kimi_k3_moe.compat import kimi_k3_platform_refusal
+
+    refusal = kimi_k3_platform_refusal()
+    if refusal is not None:
+        _warn_once(refusal)
+
+
+def register() -> None:
+    """Entry point of the ``vllm.general_plugins`` group (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+
+    from vllm_kimi_k3_moe.compat import vllm_version_refusal
+
+    refusal = vllm_version_refusal()
+    if refusal is not None:
+        _warn_once(refusal)
+        return
+    # The package hook reports platforms that never import the NVIDIA model.
+    call_after_import(KIMI_K3_PACKAGE, _report_platform)
+    call_after_import(KIMI_K3_NVIDIA_MODEL, _patch_nvidia_model)
