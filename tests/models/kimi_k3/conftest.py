@@ -7,7 +7,7 @@ stand-ins are in this file, each for something a CPU test box does not have.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -83,6 +83,7 @@ def parallel_groups(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
         monkeypatch.setattr(parallel_state, "_TP", FakeGroup(tp_size, tp_rank))
         monkeypatch.setattr(parallel_state, "_DP", FakeGroup(dp_size, dp_rank))
         monkeypatch.setattr(parallel_state, "_PCP", FakeGroup(1, 0))
+        monkeypatch.setattr(parallel_state, "_PP", FakeGroup(1, 0))
         ep_size = tp_size * dp_size if expert_parallel else 1
         ep_rank = dp_rank * tp_size + tp_rank if expert_parallel else 0
         monkeypatch.setattr(parallel_state, "_EP", FakeGroup(ep_size, ep_rank))
@@ -112,23 +113,15 @@ class Topology:
 
 
 @pytest.fixture
-def build_kimi_moe(
-    kimi_model: ModuleType, parallel_groups: Callable[..., None], marlin_on_cpu: None
-) -> Callable[..., nn.Module]:
-    """Build one real ``KimiMoE`` (patched unless ``upstream=True``) as one rank."""
-    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+def rank_config(
+    parallel_groups: Callable[..., None], marlin_on_cpu: None
+) -> Callable[[Topology], object]:
+    """Pose as one rank of ``topology``; return its native-MXFP4 Marlin
+    ``VllmConfig`` (a fresh one per layer: vLLM refuses duplicate layer names)."""
+    from vllm.config import DeviceConfig, VllmConfig
     from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 
-    def build(
-        topology: Topology,
-        *,
-        upstream: bool = False,
-        small: bool = False,
-        device: str = "meta",
-        quant_config=None,
-        moe_backend: str = "marlin",
-        prefix: str = "model.layers.1.block_sparse_moe",
-    ) -> nn.Module:
+    def make(topology: Topology) -> VllmConfig:
         parallel_groups(
             topology.tp_size,
             topology.tp_rank,
@@ -136,18 +129,41 @@ def build_kimi_moe(
             dp_rank=topology.dp_rank,
             expert_parallel=topology.expert_parallel,
         )
-        vllm_config = VllmConfig(device_config=DeviceConfig(device="cpu"))
-        vllm_config.kernel_config.moe_backend = moe_backend
-        vllm_config.parallel_config.tensor_parallel_size = topology.tp_size
-        vllm_config.parallel_config.data_parallel_size = topology.dp_size
-        vllm_config.parallel_config.enable_expert_parallel = topology.expert_parallel
+        vllm_config = VllmConfig(
+            device_config=DeviceConfig(device="cpu"), quant_config=Mxfp4Config()
+        )
+        vllm_config.kernel_config.moe_backend = "marlin"
+        parallel = vllm_config.parallel_config
+        parallel.tensor_parallel_size = topology.tp_size
+        parallel.data_parallel_size = topology.dp_size
+        parallel.enable_expert_parallel = topology.expert_parallel
+        return vllm_config
+
+    return make
+
+
+@pytest.fixture
+def build_kimi_moe(
+    kimi_model: ModuleType, rank_config: Callable[[Topology], object]
+) -> Callable[..., nn.Module]:
+    """Build one real ``KimiMoE`` (patched unless ``upstream=True``) as one rank."""
+    from vllm.config import set_current_vllm_config
+
+    def build(
+        topology: Topology,
+        *,
+        upstream: bool = False,
+        small: bool = False,
+        device: str = "meta",
+    ) -> nn.Module:
+        vllm_config = rank_config(topology)
         cls = upstream_kimi_moe(kimi_model) if upstream else kimi_model.KimiMoE
         with set_current_vllm_config(vllm_config), torch.device(device):
             return cls(
                 kimi_k3_text_config(small=small),
                 vllm_config,
-                quant_config=Mxfp4Config() if quant_config is None else quant_config,
-                prefix=prefix,
+                quant_config=vllm_config.quant_config,
+                prefix="model.layers.1.block_sparse_moe",
             )
 
     return build
@@ -158,7 +174,23 @@ def routed_experts(moe: nn.Module) -> nn.Module:
     return moe.experts.routed_experts
 
 
+class AttentionStandIn(nn.Module):
+    """Replaces ``MultiHeadLatentAttention`` in decoder-layer tests: vLLM picks
+    an attention backend for the current platform at construction, and the
+    unspecified CPU platform has none. The MoE half of the layer is real."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+
+class CudaStreamStandIn:
+    """Replaces ``torch.cuda.Stream`` where a layer creates one at construction
+    (the MTP block): a CPU box has no CUDA streams."""
+
+
 @pytest.fixture
-def no_grad() -> Iterator[None]:
-    with torch.no_grad():
-        yield
+def decoder_layer_on_cpu(
+    kimi_model: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kimi_model, "MultiHeadLatentAttention", AttentionStandIn)
+    monkeypatch.setattr(torch.cuda, "Stream", CudaStreamStandIn)

@@ -1,0 +1,84 @@
+"""Kimi-K3 MXFP4 routed-expert checkpoint tensors with traceable, non-zero bytes.
+
+Every element of every tensor gets a distinct index. A uint8 holds one base-255
+digit of it (stored as digit + 1, so no checkpoint byte is ever zero): loading
+the digit planes one after another and decoding what each parameter byte held
+tells which checkpoint element landed there, and zero means "never written".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from tests.models.kimi_k3 import kimi_k3_shapes as k3
+
+BASE = 255
+DIGITS = 3  # 255**3 > 16M indices: more than the small checkpoints hold
+SHARDS = ("w1", "w3", "w2")
+KINDS = ("weight", "weight_scale")
+TensorKey = tuple[int, str, str]  # (expert id, shard, kind)
+
+
+def logical_shape(shard: str, kind: str, hidden: int, intermediate: int):
+    """Checkpoint shape: w1/w3 are [intermediate, hidden], w2 [hidden,
+    intermediate]; MXFP4 packs the input (last) dimension two values per byte
+    and keeps one scale byte per 32 values of it."""
+    per_byte = k3.MXFP4_VALUES_PER_BYTE if kind == "weight" else k3.MXFP4_BLOCK
+    if shard == "w2":
+        return (hidden, intermediate // per_byte)
+    return (intermediate, hidden // per_byte)
+
+
+def checkpoint_keys(num_experts: int) -> Iterator[TensorKey]:
+    for expert in range(num_experts):
+        for shard in SHARDS:
+            for kind in KINDS:
+                yield expert, shard, kind
+
+
+def checkpoint_indices(
+    num_experts: int, hidden: int, intermediate: int
+) -> dict[TensorKey, torch.Tensor]:
+    """Distinct int64 indices, one per checkpoint element, 0..total-1."""
+    indices: dict[TensorKey, torch.Tensor] = {}
+    start = 0
+    for key in checkpoint_keys(num_experts):
+        shape = logical_shape(key[1], key[2], hidden, intermediate)
+        count = shape[0] * shape[1]
+        indices[key] = torch.arange(start, start + count).reshape(shape)
+        start += count
+    return indices
+
+
+def digit_plane(indices: torch.Tensor, digit: int) -> torch.Tensor:
+    """The uint8 checkpoint tensor for one base-255 digit (1..255, never 0)."""
+    return ((indices // BASE**digit) % BASE + 1).to(torch.uint8)
+
+
+def expert_parameter_name(shard: str, kind: str) -> str:
+    return f"{'w2' if shard == 'w2' else 'w13'}_{kind}"
+
+
+def load_checkpoint(
+    experts: nn.Module,
+    tensors: dict[TensorKey, torch.Tensor],
+    prefix: str = "model.layers.1.block_sparse_moe.experts",
+) -> None:
+    """Feed checkpoint tensors to vLLM's ``RoutedExperts.weight_loader`` the way
+    ``load_weights`` does: through each parameter's own ``weight_loader``."""
+    for (expert, shard, kind), tensor in tensors.items():
+        name = expert_parameter_name(shard, kind)
+        param = experts.get_parameter(name)
+        param.weight_loader(
+            param, tensor, f"{prefix}.{name}", shard_id=shard, expert_id=expert
+        )
+
+
+def expert_parameters(experts: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: experts.get_parameter(name).data
+        for name in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+    }

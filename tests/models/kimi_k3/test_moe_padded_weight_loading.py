@@ -1,0 +1,186 @@
+"""vLLM's generic routed-expert loader fills only the valid region of each padded
+TP partition, and the 32 TP ranks together hold every checkpoint element once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.kimi_k3 import kimi_k3_shapes as k3
+from tests.models.kimi_k3.conftest import Topology, routed_experts
+from tests.models.kimi_k3.mxfp4_checkpoint import (
+    BASE,
+    DIGITS,
+    checkpoint_indices,
+    digit_plane,
+    expert_parameters,
+    load_checkpoint,
+)
+
+TP_SIZE = 32
+RAW_LOCAL = 96  # 3072 // 32
+PADDED_LOCAL = 128  # Marlin: next multiple of 128
+HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256: Marlin adds no hidden padding
+EXPERTS = k3.SMALL_NUM_EXPERTS
+UNWRITTEN = -1
+
+
+@pytest.fixture(scope="module")
+def indices():
+    return checkpoint_indices(EXPERTS, HIDDEN, k3.MOE_INTERMEDIATE_SIZE)
+
+
+def load_and_decode(experts, indices) -> dict[str, torch.Tensor]:
+    """Load every digit plane through the real loader; per parameter byte, the
+    checkpoint index it received, or UNWRITTEN."""
+    params = expert_parameters(experts)
+    decoded = {n: torch.zeros(p.shape, dtype=torch.int64) for n, p in params.items()}
+    written = {n: torch.zeros(p.shape, dtype=torch.bool) for n, p in params.items()}
+    for digit in range(DIGITS):
+        load_checkpoint(experts, {k: digit_plane(v, digit) for k, v in indices.items()})
+        for name, param in params.items():
+            value = param.to(torch.int64)
+            written[name] |= value != 0
+            decoded[name] += (value - 1).clamp(min=0) * BASE**digit
+    for name in decoded:
+        decoded[name][~written[name]] = UNWRITTEN
+    return decoded
+
+
+def build_small(build_kimi_moe, topology, **kwargs):
+    return routed_experts(build_kimi_moe(topology, small=True, device="cpu", **kwargs))
+
+
+@pytest.mark.parametrize(
+    ("rank", "rows", "w2_cols", "w2_scale_cols"),
+    [
+        # checkpoint intermediate rows [96r, 96r + 96); w2 packs that dimension
+        # two per byte (48 bytes per rank) and scales it one byte per 32 (3).
+        (0, (0, 96), (0, 48), (0, 3)),
+        (31, (2976, 3072), (1488, 1536), (93, 96)),
+    ],
+)
+def test_tp32_rank_placement(
+    build_kimi_moe, indices, rank, rows, w2_cols, w2_scale_cols
+):
+    experts = build_small(build_kimi_moe, Topology(TP_SIZE, rank))
+    decoded = load_and_decode(experts, indices)
+    assert decoded["w13_weight"].shape == (EXPERTS, 2 * PADDED_LOCAL, HIDDEN // 2)
+
+    expected = {n: torch.full_like(t, UNWRITTEN) for n, t in decoded.items()}
+    r0, r1 = rows
+    for e in range(EXPERTS):
+        for kind in ("weight", "weight_scale"):
+            w13 = expected[f"w13_{kind}"][e]
+            w13[0:96] = indices[(e, "w1", kind)][r0:r1]  # gate: first half
+            w13[128:224] = indices[(e, "w3", kind)][r0:r1]  # up: padded half
+        c0, c1 = w2_cols
+        expected["w2_weight"][e][:, 0:48] = indices[(e, "w2", "weight")][:, c0:c1]
+        s0, s1 = w2_scale_cols
+        expected["w2_weight_scale"][e][:, 0:3] = indices[(e, "w2", "weight_scale")][
+            :, s0:s1
+        ]
+    for name in decoded:
+        assert torch.equal(decoded[name], expected[name]), name
+
+
+def test_every_checkpoint_element_lands_exactly_once_across_tp32(
+    build_kimi_moe, indices
+):
+    total = sum(t.numel() for t in indices.values())
+    landed = []
+    for rank in range(TP_SIZE):
+        experts = build_small(build_kimi_moe, Topology(TP_SIZE, rank))
+        for values in load_and_decode(experts, indices).values():
+            landed.append(values[values != UNWRITTEN])
+    counts = torch.bincount(torch.cat(landed), minlength=total)
+    assert counts.numel() == total, "bytes decoded to an index beyond the checkpoint"
+    assert int((counts == 0).sum()) == 0, "checkpoint elements never loaded"
+    assert int((counts > 1).sum()) == 0, "checkpoint elements loaded twice"
+
+
+@pytest.mark.parametrize("rank", [0, 15, 31])
+def test_padded_tail_stays_zero_after_loading(build_kimi_moe, indices, rank):
+    experts = build_small(build_kimi_moe, Topology(TP_SIZE, rank))
+    load_checkpoint(experts, {k: digit_plane(v, 0) for k, v in indices.items()})
+    params = expert_parameters(experts)
+    assert params["w13_weight"].shape[1] == 2 * PADDED_LOCAL
+    assert params["w2_weight"].shape[2] == PADDED_LOCAL // 2
+
+    for kind in ("weight", "weight_scale"):
+        w13 = params[f"w13_{kind}"]
+        assert bool((w13[:, 0:96] != 0).all()) and bool((w13[:, 128:224] != 0).all())
+        assert not w13[:, 96:128].any() and not w13[:, 224:256].any()
+    assert bool((params["w2_weight"][..., 0:48] != 0).all())
+    assert not params["w2_weight"][..., 48:64].any()
+    assert bool((params["w2_weight_scale"][..., 0:3] != 0).all())
+    assert not params["w2_weight_scale"][..., 3:4].any()
+
+
+def loaded_state(experts, indices) -> dict[str, torch.Tensor]:
+    load_checkpoint(experts, {k: digit_plane(v, 0) for k, v in indices.items()})
+    return {n: p.clone() for n, p in expert_parameters(experts).items()}
+
+
+@pytest.mark.parametrize("rank", [0, 7])
+def test_tp8_is_byte_identical_to_upstream(build_kimi_moe, indices, rank):
+    """At TP8 nobody pads (3072 // 8 == 384): the plugin must change nothing."""
+    patched = build_small(build_kimi_moe, Topology(8, rank))
+    upstream = build_small(build_kimi_moe, Topology(8, rank), upstream=True)
+    assert [n for n, _ in patched.named_parameters()] == [
+        n for n, _ in upstream.named_parameters()
+    ]
+    mine, theirs = loaded_state(patched, indices), loaded_state(upstream, indices)
+    assert {n: t.shape for n, t in mine.items()} == {
+        n: t.shape for n, t in theirs.items()
+    }
+    assert mine["w13_weight"].shape[1] == 2 * 384
+    for name in mine:
+        assert torch.equal(mine[name], theirs[name]), name
+
+
+def test_tp32_differs_from_upstream_only_in_partition_width(build_kimi_moe, indices):
+    """Same names and valid bytes; upstream allocates 256 per rank, we 128."""
+    patched = build_small(build_kimi_moe, Topology(TP_SIZE, 5))
+    upstream = build_small(build_kimi_moe, Topology(TP_SIZE, 5), upstream=True)
+    mine, theirs = loaded_state(patched, indices), loaded_state(upstream, indices)
+    assert list(mine) == list(theirs)
+    assert mine["w13_weight"].shape[1] == 2 * 128
+    assert theirs["w13_weight"].shape[1] == 2 * 256
+    for kind in ("weight", "weight_scale"):
+        name = f"w13_{kind}"
+        assert torch.equal(mine[name][:, 0:96], theirs[name][:, 0:96])
+        assert torch.equal(mine[name][:, 128:224], theirs[name][:, 256:352])
+    assert torch.equal(mine["w2_weight"][..., 0:48], theirs["w2_weight"][..., 0:48])
+    assert torch.equal(
+        mine["w2_weight_scale"][..., 0:3], theirs["w2_weight_scale"][..., 0:3]
+    )
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_expert_parallel_is_byte_identical_to_upstream(build_kimi_moe, indices, rank):
+    """EP (4 ranks, one expert each): no padding anywhere, as upstream."""
+    topology = Topology(4, rank, expert_parallel=True)
+    patched = build_small(build_kimi_moe, topology)
+    upstream = build_small(build_kimi_moe, topology, upstream=True)
+    assert patched.moe_config.moe_parallel_config.use_ep
+    assert patched.local_num_experts == 1
+    mine, theirs = loaded_state(patched, indices), loaded_state(upstream, indices)
+    assert {n: t.shape for n, t in mine.items()} == {
+        n: t.shape for n, t in theirs.items()
+    }
+    assert mine["w13_weight"].shape[1] == 2 * 3072
+    for name in mine:
+        assert torch.equal(mine[name], theirs[name]), name
+
+
+def test_expert_parallel_tp32_real_size_matches_upstream(build_kimi_moe):
+    topology = Topology(TP_SIZE, 31, expert_parallel=True)
+    patched = build_kimi_moe(topology)
+    upstream = build_kimi_moe(topology, upstream=True)
+    assert patched.padded_moe_intermediate_size == 3072
+    shapes = {n: (tuple(p.shape), p.dtype) for n, p in patched.named_parameters()}
+    assert shapes == {
+        n: (tuple(p.shape), p.dtype) for n, p in upstream.named_parameters()
+    }
+    assert shapes["experts.routed_experts.w13_weight"][0] == (28, 2 * 3072, 1792)

@@ -1,0 +1,204 @@
+"""The plugin registers through vLLM's entry point, cheaply, once, only on 0.33.x
+and NVIDIA, and the Kimi-K3 layers vLLM builds afterwards carry the fix."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+import vllm_kimi_k3_moe
+from tests.models.kimi_k3.conftest import Topology, kimi_k3_text_config
+from vllm_kimi_k3_moe import import_hooks
+from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
+    BackendPaddedKimiMoE,
+    apply,
+    upstream_kimi_moe,
+)
+
+ENTRY_POINT = "kimi_k3_moe"
+NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
+
+# Runs in a fresh interpreter: what vLLM's own plugin loading does to a process.
+LOAD_GENERAL_PLUGINS = """
+import json, sys
+import torch
+cuda_inits = []
+torch.cuda._lazy_init = lambda: cuda_inits.append(True)
+import vllm.plugins
+from vllm_kimi_k3_moe import import_hooks
+vllm.plugins.load_general_plugins()
+print(json.dumps({
+    "watched": sorted(import_hooks.watched_modules()),
+    "kimi_k3_imported": sorted(m for m in sys.modules
+                               if m.startswith("vllm.models.kimi_k3")),
+    "cuda_inits": len(cuda_inits),
+    "cuda_initialized": torch.cuda.is_initialized(),
+}))
+"""
+
+
+def test_entry_point_is_discoverable():
+    (plugin,) = [
+        ep
+        for ep in entry_points(group="vllm.general_plugins")
+        if ep.name == ENTRY_POINT
+    ]
+    assert plugin.value == "vllm_kimi_k3_moe:register"
+    assert plugin.load() is vllm_kimi_k3_moe.register
+
+
+@pytest.mark.parametrize(
+    ("allow_list", "watched"),
+    [
+        (None, [vllm_kimi_k3_moe.KIMI_K3_PACKAGE, NVIDIA_MODEL]),
+        (ENTRY_POINT, [vllm_kimi_k3_moe.KIMI_K3_PACKAGE, NVIDIA_MODEL]),
+        ("lora_filesystem_resolver", []),  # an allow-list without us
+    ],
+)
+def test_load_general_plugins_registers_lazily(allow_list, watched):
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    if allow_list is not None:
+        env["VLLM_PLUGINS"] = allow_list
+    result = subprocess.run(
+        [sys.executable, "-c", LOAD_GENERAL_PLUGINS],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {
+        "watched": watched,
+        "kimi_k3_imported": [],
+        "cuda_inits": 0,
+        "cuda_initialized": False,
+    }
+
+
+def decoder_layer_config():
+    """Kimi-K3's text config with the MLA fields a decoder layer asserts on
+    (their values only reach the attention stand-in)."""
+    config = kimi_k3_text_config()
+    config.num_hidden_layers = 3
+    config.qk_nope_head_dim, config.qk_rope_head_dim = 128, 64
+    config.v_head_dim, config.kv_lora_rank, config.mla_use_nope = 128, 512, True
+    return config
+
+
+def test_decoder_layer_built_afterwards_holds_patched_moe(
+    kimi_model, rank_config, decoder_layer_on_cpu
+):
+    from vllm.config import set_current_vllm_config
+
+    config = decoder_layer_config()
+    vllm_config = rank_config(Topology(32))
+    with (
+        set_current_vllm_config(vllm_config),
+        pytest.importorskip("torch").device("meta"),
+    ):
+        layer = kimi_model.KimiDecoderLayer(
+            config, vllm_config, prefix="model.layers.1"
+        )
+    moe = layer.block_sparse_moe
+    assert isinstance(moe, BackendPaddedKimiMoE)
+    assert moe.experts.routed_experts.intermediate_size_per_partition == 128
+
+
+def test_mtp_draft_layer_holds_patched_moe(
+    kimi_model, rank_config, decoder_layer_on_cpu
+):
+    import importlib
+
+    from vllm.config import set_current_vllm_config
+
+    mtp = importlib.import_module("vllm.models.kimi_k3.nvidia.mtp")
+    config = decoder_layer_config()
+    vllm_config = rank_config(Topology(32))
+    with (
+        set_current_vllm_config(vllm_config),
+        pytest.importorskip("torch").device("meta"),
+    ):
+        draft = mtp.KimiK3MultiTokenPredictorLayer(
+            config, vllm_config, prefix="model.layers.3"
+        )
+    moe = draft.mtp_block.block_sparse_moe
+    assert isinstance(moe, BackendPaddedKimiMoE)
+    assert isinstance(moe, mtp.KimiMoE)  # the draft model's own isinstance check
+    assert moe.experts.routed_experts.intermediate_size_per_partition == 128
+
+
+def test_repeated_registration_changes_nothing(kimi_model, monkeypatch):
+    patched_cls, factory = kimi_model.KimiMoE, kimi_model.FusedMoEFactory
+    meta_path = list(sys.meta_path)
+    watched = import_hooks.watched_modules()
+
+    vllm_kimi_k3_moe.register()
+    monkeypatch.setattr(vllm_kimi_k3_moe, "_registered", False)  # a second load
+    vllm_kimi_k3_moe.register()
+    apply(kimi_model)
+
+    assert kimi_model.KimiMoE is patched_cls
+    assert kimi_model.FusedMoEFactory is factory
+    assert sys.meta_path == meta_path
+    assert import_hooks.watched_modules() == watched
+
+
+@pytest.fixture
+def fresh_registration(kimi_model, monkeypatch, caplog):
+    """Unpatched module, plugin never registered, warnings captured."""
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory
+
+    monkeypatch.setattr(kimi_model, "KimiMoE", upstream_kimi_moe(kimi_model))
+    monkeypatch.setattr(kimi_model, "FusedMoEFactory", FusedMoEFactory)
+    monkeypatch.setattr(vllm_kimi_k3_moe, "_registered", False)
+    monkeypatch.setattr(vllm_kimi_k3_moe, "_warned", set())
+    monkeypatch.setattr(import_hooks._finder, "callbacks", {})
+    # Whether vLLM's logger propagates to caplog's root handler depends on
+    # vLLM's logging setup: listen on the plugin's logger itself, once.
+    monkeypatch.setattr(vllm_kimi_k3_moe.logger, "handlers", [caplog.handler])
+    monkeypatch.setattr(vllm_kimi_k3_moe.logger, "propagate", False)
+    caplog.set_level(logging.WARNING, logger=vllm_kimi_k3_moe.logger.name)
+    return caplog
+
+
+def test_unsupported_vllm_version_is_refused(
+    kimi_model, fresh_registration, monkeypatch
+):
+    import vllm.version
+
+    monkeypatch.setattr(vllm.version, "__version__", "0.34.0")
+    monkeypatch.setattr(vllm.version, "__version_tuple__", (0, 34, 0))
+    vllm_kimi_k3_moe.register()
+    vllm_kimi_k3_moe.register()
+
+    assert kimi_model.KimiMoE is upstream_kimi_moe(kimi_model)
+    assert import_hooks.watched_modules() == frozenset()
+    (record,) = fresh_registration.records
+    assert record.levelno == logging.WARNING
+    assert "0.34.0" in record.getMessage() and "0.33.x" in record.getMessage()
+
+
+def test_rocm_is_refused(kimi_model, fresh_registration, monkeypatch):
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
+    vllm_kimi_k3_moe.register()  # both modules are imported: hooks run now
+
+    assert kimi_model.KimiMoE is upstream_kimi_moe(kimi_model)
+    (record,) = fresh_registration.records
+    assert "vllm.models.kimi_k3.amd" in record.getMessage()
+    assert "nothing patched" in record.getMessage()
+
+
+def test_registration_on_supported_vllm_patches_imported_module(
+    kimi_model, fresh_registration
+):
+    vllm_kimi_k3_moe.register()
+    assert issubclass(kimi_model.KimiMoE, BackendPaddedKimiMoE)
+    assert fresh_registration.records == []
