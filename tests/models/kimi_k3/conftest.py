@@ -1,14 +1,15 @@
 """Real vLLM 0.33.0 Kimi-K3 MoE layers on a CPU-only box.
 
-Everything under test is vLLM's own code with the plugin registered. The only
-stand-ins are in this file, each for something a CPU test box does not have.
+Everything under test is vLLM's own code with the plugin registered. The
+stand-ins, each for something a CPU test box does not have, are entered by the
+fixtures in this file (``rank_config``, ``decoder_layer_on_cpu``).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from types import ModuleType
 
 import pytest
@@ -17,7 +18,16 @@ from torch import nn
 
 import vllm_kimi_k3_moe
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
+from vllm_kimi_k3_moe.kimi_k3_text_config import (
+    kimi_k3_text_config as kimi_k3_moe_config,
+)
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
+from vllm_kimi_k3_moe.simulated_rank import (
+    Topology,
+    marlin_without_gpu,
+    rank_vllm_config,
+    simulated_rank,
+)
 
 KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
 
@@ -31,115 +41,31 @@ def kimi_model() -> ModuleType:
 
 def kimi_k3_text_config(*, small: bool = False):
     """Kimi-K3's text config; ``small`` keeps 3072 but shrinks widths/experts."""
-    from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
-
-    return KimiLinearConfig(
-        hidden_size=k3.SMALL_HIDDEN_SIZE if small else k3.HIDDEN_SIZE,
-        routed_expert_hidden_size=(
-            k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE
-            if small
-            else k3.ROUTED_EXPERT_HIDDEN_SIZE
-        ),
-        moe_intermediate_size=k3.MOE_INTERMEDIATE_SIZE,
-        num_experts=k3.SMALL_NUM_EXPERTS if small else k3.NUM_EXPERTS,
-        num_experts_per_token=(
-            k3.SMALL_NUM_EXPERTS_PER_TOKEN if small else k3.NUM_EXPERTS_PER_TOKEN
-        ),
-        num_shared_experts=k3.NUM_SHARED_EXPERTS,
-        hidden_act="situ",
-        activation_situ_beta=1.0,
-        activation_situ_linear_beta=0.0,
-        use_grouped_topk=True,
-        num_expert_group=1,
-        topk_group=1,
-        moe_router_activation_func="sigmoid",
-        routed_scaling_factor=2.5,
+    if not small:
+        return kimi_k3_moe_config()
+    return kimi_k3_moe_config(
+        hidden_size=k3.SMALL_HIDDEN_SIZE,
+        routed_expert_hidden_size=k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE,
+        num_experts=k3.SMALL_NUM_EXPERTS,
+        num_experts_per_token=k3.SMALL_NUM_EXPERTS_PER_TOKEN,
     )
 
 
-@dataclass(frozen=True)
-class FakeGroup:
-    """Stands in for a ``GroupCoordinator``: a CPU test box has no
-    torch.distributed process groups, and building a layer only reads the
-    group's size and this process's rank in it."""
-
-    world_size: int
-    rank_in_group: int
-
-
 @pytest.fixture
-def parallel_groups(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
-    """Pose as one rank of a TP (x DP) deployment, with or without EP."""
-    from vllm.distributed import parallel_state
+def rank_config() -> Iterator[Callable[[Topology], object]]:
+    """Pose as one rank of a topology and return its native-MXFP4 Marlin
+    ``VllmConfig``. The stand-ins (``vllm_kimi_k3_moe.simulated_rank``) cover
+    what a CPU box lacks: torch.distributed groups (layers read their size and
+    rank) and a CUDA device for vLLM's Marlin device check (the tests pick
+    Marlin as ``--moe-backend marlin`` does). Undone after each test."""
+    with ExitStack() as stack:
+        stack.enter_context(marlin_without_gpu())
 
-    def pose(
-        tp_size: int,
-        tp_rank: int = 0,
-        *,
-        dp_size: int = 1,
-        dp_rank: int = 0,
-        expert_parallel: bool = False,
-    ) -> None:
-        monkeypatch.setattr(parallel_state, "_TP", FakeGroup(tp_size, tp_rank))
-        monkeypatch.setattr(parallel_state, "_DP", FakeGroup(dp_size, dp_rank))
-        monkeypatch.setattr(parallel_state, "_PCP", FakeGroup(1, 0))
-        monkeypatch.setattr(parallel_state, "_PP", FakeGroup(1, 0))
-        ep_size = tp_size * dp_size if expert_parallel else 1
-        ep_rank = dp_rank * tp_size + tp_rank if expert_parallel else 0
-        monkeypatch.setattr(parallel_state, "_EP", FakeGroup(ep_size, ep_rank))
+        def make(topology: Topology) -> object:
+            stack.enter_context(simulated_rank(topology))
+            return rank_vllm_config(topology)
 
-    return pose
-
-
-@pytest.fixture
-def marlin_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's device check for the Marlin MoE kernel asks for a CUDA GPU, which
-    a CPU box lacks; the tests choose Marlin explicitly, as
-    ``--moe-backend marlin`` does on the GPUs it was reported on."""
-    from vllm.model_executor.layers.fused_moe.experts import marlin_moe
-
-    monkeypatch.setattr(
-        marlin_moe.MarlinExpertsBase, "_supports_current_device", lambda: True
-    )
-
-
-@dataclass(frozen=True)
-class Topology:
-    tp_size: int
-    tp_rank: int = 0
-    dp_size: int = 1
-    dp_rank: int = 0
-    expert_parallel: bool = False
-
-
-@pytest.fixture
-def rank_config(
-    parallel_groups: Callable[..., None], marlin_on_cpu: None
-) -> Callable[[Topology], object]:
-    """Pose as one rank of ``topology``; return its native-MXFP4 Marlin
-    ``VllmConfig`` (a fresh one per layer: vLLM refuses duplicate layer names)."""
-    from vllm.config import DeviceConfig, VllmConfig
-    from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
-
-    def make(topology: Topology) -> VllmConfig:
-        parallel_groups(
-            topology.tp_size,
-            topology.tp_rank,
-            dp_size=topology.dp_size,
-            dp_rank=topology.dp_rank,
-            expert_parallel=topology.expert_parallel,
-        )
-        vllm_config = VllmConfig(
-            device_config=DeviceConfig(device="cpu"), quant_config=Mxfp4Config()
-        )
-        vllm_config.kernel_config.moe_backend = "marlin"
-        parallel = vllm_config.parallel_config
-        parallel.tensor_parallel_size = topology.tp_size
-        parallel.data_parallel_size = topology.dp_size
-        parallel.enable_expert_parallel = topology.expert_parallel
-        return vllm_config
-
-    return make
+        yield make
 
 
 @pytest.fixture

@@ -1,0 +1,99 @@
+"""Build real vLLM Kimi-K3 MoE layers as one rank of a deployment, without GPUs.
+
+vLLM's layers read only two things from the machine at construction: the
+parallel groups (for their size and this process's rank) and, to pick an MoE
+kernel, whether the current device supports it. This module stands in for
+exactly those, so the real ``KimiMoE`` can be built on the ``meta`` device (real
+size, no memory) or on CPU tensors (small shapes, real weight loading). Used by
+the regression suite's fixtures and by the memory benchmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One rank of a TP (x DP) deployment, with or without expert parallelism."""
+
+    tp_size: int
+    tp_rank: int = 0
+    dp_size: int = 1
+    dp_rank: int = 0
+    expert_parallel: bool = False
+
+
+@dataclass(frozen=True)
+class GroupStandIn:
+    """Stands in for a ``GroupCoordinator``: without GPUs there are no
+    torch.distributed groups, and building a layer reads only these two."""
+
+    world_size: int
+    rank_in_group: int
+
+
+@contextmanager
+def _attributes(target: Any, **values: Any) -> Iterator[None]:
+    saved = {name: getattr(target, name) for name in values}
+    for name, value in values.items():
+        setattr(target, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(target, name, value)
+
+
+@contextmanager
+def simulated_rank(topology: Topology) -> Iterator[None]:
+    """Pose this process as ``topology``'s rank (TP, DP, PCP, PP, EP groups)."""
+    from vllm.distributed import parallel_state
+
+    ep = topology.expert_parallel
+    with _attributes(
+        parallel_state,
+        _TP=GroupStandIn(topology.tp_size, topology.tp_rank),
+        _DP=GroupStandIn(topology.dp_size, topology.dp_rank),
+        _PCP=GroupStandIn(1, 0),
+        _PP=GroupStandIn(1, 0),
+        _EP=GroupStandIn(
+            topology.tp_size * topology.dp_size if ep else 1,
+            topology.dp_rank * topology.tp_size + topology.tp_rank if ep else 0,
+        ),
+    ):
+        yield
+
+
+@contextmanager
+def marlin_without_gpu() -> Iterator[None]:
+    """Let vLLM select the Marlin MoE kernel on a machine without CUDA, as
+    ``--moe-backend marlin`` does on the GPUs it runs on (its device check is
+    the only part that needs one)."""
+    from vllm.model_executor.layers.fused_moe.experts import marlin_moe
+
+    with _attributes(
+        marlin_moe.MarlinExpertsBase,
+        _supports_current_device=staticmethod(lambda: True),
+    ):
+        yield
+
+
+def rank_vllm_config(topology: Topology) -> Any:
+    """A fresh native-MXFP4 ``VllmConfig`` on Marlin for ``topology`` (vLLM
+    refuses two layers with one name under one config)."""
+    from vllm.config import DeviceConfig, VllmConfig
+    from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
+
+    vllm_config = VllmConfig(
+        device_config=DeviceConfig(device="cpu"), quant_config=Mxfp4Config()
+    )
+    vllm_config.kernel_config.moe_backend = "marlin"
+    parallel = vllm_config.parallel_config
+    parallel.tensor_parallel_size = topology.tp_size
+    parallel.data_parallel_size = topology.dp_size
+    parallel.enable_expert_parallel = topology.expert_parallel
+    return vllm_config
