@@ -15,6 +15,7 @@ the Kimi-K3 NVIDIA model module, in whichever process does so.
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
 from vllm_kimi_k3_moe.import_hooks import call_after_import
 
@@ -36,7 +37,7 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-def _patch_nvidia_model(module: object) -> None:
+def _patch_nvidia_model(module: ModuleType) -> None:
     from vllm_kimi_k3_moe.compat import kimi_k3_platform_refusal
 
     refusal = kimi_k3_platform_refusal()
@@ -45,10 +46,10 @@ def _patch_nvidia_model(module: object) -> None:
         return
     from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model as patch
 
-    patch.apply(module)  # type: ignore[arg-type]
+    patch.apply(module)
 
 
-def _report_platform(_package: object) -> None:
+def _report_platform(_package: ModuleType) -> None:
     from vllm_kimi_k3_moe.compat import kimi_k3_platform_refusal
 
     refusal = kimi_k3_platform_refusal()

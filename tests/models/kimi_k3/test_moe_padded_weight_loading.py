@@ -122,11 +122,8 @@ def loaded_state(experts, indices) -> dict[str, torch.Tensor]:
     return {n: p.clone() for n, p in expert_parameters(experts).items()}
 
 
-@pytest.mark.parametrize("rank", [0, 7])
-def test_tp8_is_byte_identical_to_upstream(build_kimi_moe, indices, rank):
-    """At TP8 nobody pads (3072 // 8 == 384): the plugin must change nothing."""
-    patched = build_small(build_kimi_moe, Topology(8, rank))
-    upstream = build_small(build_kimi_moe, Topology(8, rank), upstream=True)
+def assert_identical_after_loading(patched, upstream, indices):
+    """Same parameter names, shapes and loaded bytes; returns the loaded state."""
     assert [n for n, _ in patched.named_parameters()] == [
         n for n, _ in upstream.named_parameters()
     ]
@@ -134,9 +131,18 @@ def test_tp8_is_byte_identical_to_upstream(build_kimi_moe, indices, rank):
     assert {n: t.shape for n, t in mine.items()} == {
         n: t.shape for n, t in theirs.items()
     }
-    assert mine["w13_weight"].shape[1] == 2 * 384
     for name in mine:
         assert torch.equal(mine[name], theirs[name]), name
+    return mine
+
+
+@pytest.mark.parametrize("rank", [0, 7])
+def test_tp8_is_byte_identical_to_upstream(build_kimi_moe, indices, rank):
+    """At TP8 nobody pads (3072 // 8 == 384): the plugin must change nothing."""
+    patched = build_small(build_kimi_moe, Topology(8, rank))
+    upstream = build_small(build_kimi_moe, Topology(8, rank), upstream=True)
+    loaded = assert_identical_after_loading(patched, upstream, indices)
+    assert loaded["w13_weight"].shape[1] == 2 * 384
 
 
 def test_tp32_differs_from_upstream_only_in_partition_width(build_kimi_moe, indices):
@@ -165,13 +171,8 @@ def test_expert_parallel_is_byte_identical_to_upstream(build_kimi_moe, indices, 
     upstream = build_small(build_kimi_moe, topology, upstream=True)
     assert patched.moe_config.moe_parallel_config.use_ep
     assert patched.local_num_experts == 1
-    mine, theirs = loaded_state(patched, indices), loaded_state(upstream, indices)
-    assert {n: t.shape for n, t in mine.items()} == {
-        n: t.shape for n, t in theirs.items()
-    }
-    assert mine["w13_weight"].shape[1] == 2 * 3072
-    for name in mine:
-        assert torch.equal(mine[name], theirs[name]), name
+    loaded = assert_identical_after_loading(patched, upstream, indices)
+    assert loaded["w13_weight"].shape[1] == 2 * 3072
 
 
 def test_expert_parallel_tp32_real_size_matches_upstream(build_kimi_moe):

@@ -3,6 +3,7 @@ and NVIDIA, and the Kimi-K3 layers vLLM builds afterwards carry the fix."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
+import torch
 
 import vllm_kimi_k3_moe
 from tests.models.kimi_k3.conftest import Topology, kimi_k3_text_config
@@ -91,20 +93,23 @@ def decoder_layer_config():
     return config
 
 
+def build_tp32_rank_on_meta(rank_config, make_layer):
+    from vllm.config import set_current_vllm_config
+
+    vllm_config = rank_config(Topology(32))
+    with set_current_vllm_config(vllm_config), torch.device("meta"):
+        return make_layer(decoder_layer_config(), vllm_config)
+
+
 def test_decoder_layer_built_afterwards_holds_patched_moe(
     kimi_model, rank_config, decoder_layer_on_cpu
 ):
-    from vllm.config import set_current_vllm_config
-
-    config = decoder_layer_config()
-    vllm_config = rank_config(Topology(32))
-    with (
-        set_current_vllm_config(vllm_config),
-        pytest.importorskip("torch").device("meta"),
-    ):
-        layer = kimi_model.KimiDecoderLayer(
+    layer = build_tp32_rank_on_meta(
+        rank_config,
+        lambda config, vllm_config: kimi_model.KimiDecoderLayer(
             config, vllm_config, prefix="model.layers.1"
-        )
+        ),
+    )
     moe = layer.block_sparse_moe
     assert isinstance(moe, BackendPaddedKimiMoE)
     assert moe.experts.routed_experts.intermediate_size_per_partition == 128
@@ -113,20 +118,13 @@ def test_decoder_layer_built_afterwards_holds_patched_moe(
 def test_mtp_draft_layer_holds_patched_moe(
     kimi_model, rank_config, decoder_layer_on_cpu
 ):
-    import importlib
-
-    from vllm.config import set_current_vllm_config
-
     mtp = importlib.import_module("vllm.models.kimi_k3.nvidia.mtp")
-    config = decoder_layer_config()
-    vllm_config = rank_config(Topology(32))
-    with (
-        set_current_vllm_config(vllm_config),
-        pytest.importorskip("torch").device("meta"),
-    ):
-        draft = mtp.KimiK3MultiTokenPredictorLayer(
+    draft = build_tp32_rank_on_meta(
+        rank_config,
+        lambda config, vllm_config: mtp.KimiK3MultiTokenPredictorLayer(
             config, vllm_config, prefix="model.layers.3"
-        )
+        ),
+    )
     moe = draft.mtp_block.block_sparse_moe
     assert isinstance(moe, BackendPaddedKimiMoE)
     assert isinstance(moe, mtp.KimiMoE)  # the draft model's own isinstance check

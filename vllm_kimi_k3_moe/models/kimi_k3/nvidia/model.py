@@ -67,7 +67,9 @@ _current_build: contextvars.ContextVar[_KimiMoEBuild | None] = contextvars.Conte
 class BackendPaddedKimiMoE:
     """Placed in front of upstream ``KimiMoE`` in the patched class's MRO."""
 
-    def __init__(self, config: Any, vllm_config: Any, *args: Any, **kwargs: Any):
+    def __init__(
+        self, config: Any, vllm_config: Any, *args: Any, **kwargs: Any
+    ) -> None:
         build = _KimiMoEBuild(moe=self, logical_size=config.moe_intermediate_size)
         token = _current_build.set(build)
         try:
