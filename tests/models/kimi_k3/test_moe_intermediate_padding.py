@@ -190,13 +190,21 @@ def test_raw_96_matrix_names_every_backend():
 
 
 @pytest.mark.parametrize(("backend_name", "padded"), RAW_96_PADDED_BY_BACKEND)
-def test_raw_96_partition_per_backend(backend_name, padded):
-    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
-        Mxfp4MoeBackend,
-        mxfp4_round_up_hidden_size_and_intermediate_size,
-    )
+def test_raw_96_partition_per_backend(build_kimi_moe, backend_name, padded):
+    """The raw partition a patched TP32 layer hands its quantization method,
+    padded by ``Mxfp4MoEMethod.maybe_roundup_sizes`` as each backend would."""
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
 
-    _, intermediate = mxfp4_round_up_hidden_size_and_intermediate_size(
-        Mxfp4MoeBackend[backend_name], k3.ROUTED_EXPERT_HIDDEN_SIZE, 96
+    experts = routed_experts(build_kimi_moe(Topology(32)))
+    moe_config, method = experts.moe_config, experts.quant_method
+    raw_local = moe_config.intermediate_size // moe_config.moe_parallel_config.tp_size
+    assert raw_local == 96
+    # Which backend runs is the platform's choice; the tests make it.
+    method.mxfp4_backend = Mxfp4MoeBackend[backend_name]
+    _, intermediate = method.maybe_roundup_sizes(
+        k3.ROUTED_EXPERT_HIDDEN_SIZE,
+        raw_local,
+        moe_config.in_dtype,
+        moe_config.moe_parallel_config,
     )
     assert intermediate == padded

@@ -1,5 +1,6 @@
 """vLLM's generic routed-expert loader fills only the valid region of each padded
-TP partition, and the 32 TP ranks together hold every checkpoint element once."""
+TP partition, and the 32 TP ranks' 128-wide partitions together hold every
+checkpoint element once."""
 
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ def test_every_checkpoint_element_lands_exactly_once_across_tp32(
     landed = []
     for rank in range(TP_SIZE):
         experts = build_small(build_kimi_moe, Topology(TP_SIZE, rank))
+        assert experts.intermediate_size_per_partition == PADDED_LOCAL
         for values in load_and_decode(experts, indices).values():
             landed.append(values[values != UNWRITTEN])
     counts = torch.bincount(torch.cat(landed), minlength=total)
