@@ -47,8 +47,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-UPSTREAM_MODULE = "vllm.models.kimi_k3.nvidia.model"
-
 
 @dataclass
 class _KimiMoEBuild:
