@@ -27,8 +27,7 @@ KIMI_K3_MOE_TEXT_CONFIG: dict[str, Any] = {
     "routed_scaling_factor": 2.5,
 }
 
-NUM_LAYERS = 93
-NUM_MOE_LAYERS = 92
+NUM_MOE_LAYERS = 92  # of 93 layers
 
 
 def kimi_k3_text_config(**overrides: Any) -> Any:
