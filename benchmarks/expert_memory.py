@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import time
-from contextlib import ExitStack
 
 import torch
 
@@ -20,6 +19,7 @@ from vllm_kimi_k3_moe.kimi_k3_text_config import NUM_MOE_LAYERS, kimi_k3_text_co
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
 from vllm_kimi_k3_moe.simulated_rank import (
     Topology,
+    build_kimi_moe_layer,
     marlin_without_gpu,
     rank_vllm_config,
     simulated_rank,
@@ -37,20 +37,10 @@ def routed_expert_bytes(moe: torch.nn.Module) -> tuple[int, int]:
     return total, experts.intermediate_size_per_partition
 
 
-def build(model, cls, topology: Topology) -> torch.nn.Module:
-    from vllm.config import set_current_vllm_config
-
-    with ExitStack() as stack:
-        stack.enter_context(marlin_without_gpu())
-        stack.enter_context(simulated_rank(topology))
-        vllm_config = rank_vllm_config(topology)
-        stack.enter_context(set_current_vllm_config(vllm_config))
-        stack.enter_context(torch.device("meta"))
-        return cls(
-            kimi_k3_text_config(),
-            vllm_config,
-            quant_config=vllm_config.quant_config,
-            prefix="model.layers.1.block_sparse_moe",
+def build(cls: type, topology: Topology) -> torch.nn.Module:
+    with marlin_without_gpu(), simulated_rank(topology):
+        return build_kimi_moe_layer(
+            cls, kimi_k3_text_config(), rank_vllm_config(topology)
         )
 
 
@@ -64,11 +54,9 @@ def main() -> None:
     for tp_size in (8, 16, 32):
         topology = Topology(tp_size)
         up_bytes, up_local = routed_expert_bytes(
-            build(model, upstream_kimi_moe(model), topology)
+            build(upstream_kimi_moe(model), topology)
         )
-        fix_bytes, fix_local = routed_expert_bytes(
-            build(model, model.KimiMoE, topology)
-        )
+        fix_bytes, fix_local = routed_expert_bytes(build(model.KimiMoE, topology))
         print(
             f"{tp_size:>4} {up_local:>16} {fix_local:>13} "
             f"{up_bytes * NUM_MOE_LAYERS / 1e9:>16.1f} "

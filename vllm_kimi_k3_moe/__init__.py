@@ -37,24 +37,22 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-def _patch_nvidia_model(module: ModuleType) -> None:
+def _warned_platform_refusal(_module: ModuleType | None = None) -> bool:
+    """Log why this platform is not patched, if it is not; say so."""
     from vllm_kimi_k3_moe.compat import kimi_k3_platform_refusal
 
     refusal = kimi_k3_platform_refusal()
     if refusal is not None:
         _warn_once(refusal)
+    return refusal is not None
+
+
+def _patch_nvidia_model(module: ModuleType) -> None:
+    if _warned_platform_refusal():
         return
     from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model as patch
 
     patch.apply(module)
-
-
-def _report_platform(_package: ModuleType) -> None:
-    from vllm_kimi_k3_moe.compat import kimi_k3_platform_refusal
-
-    refusal = kimi_k3_platform_refusal()
-    if refusal is not None:
-        _warn_once(refusal)
 
 
 def register() -> None:
@@ -71,5 +69,5 @@ def register() -> None:
         _warn_once(refusal)
         return
     # The package hook reports platforms that never import the NVIDIA model.
-    call_after_import(KIMI_K3_PACKAGE, _report_platform)
+    call_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
     call_after_import(KIMI_K3_NVIDIA_MODEL, _patch_nvidia_model)

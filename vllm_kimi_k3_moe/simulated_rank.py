@@ -97,3 +97,20 @@ def rank_vllm_config(topology: Topology) -> Any:
     parallel.data_parallel_size = topology.dp_size
     parallel.enable_expert_parallel = topology.expert_parallel
     return vllm_config
+
+
+def build_kimi_moe_layer(
+    kimi_moe_cls: type, config: Any, vllm_config: Any, device: str = "meta"
+) -> Any:
+    """Construct ``kimi_moe_cls`` the way ``KimiDecoderLayer`` does, under
+    ``vllm_config`` and on ``device`` (``meta``: real shapes, no memory)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(vllm_config), torch.device(device):
+        return kimi_moe_cls(
+            config,
+            vllm_config,
+            quant_config=vllm_config.quant_config,
+            prefix="model.layers.1.block_sparse_moe",
+        )

@@ -24,6 +24,7 @@ from vllm_kimi_k3_moe.kimi_k3_text_config import (
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
 from vllm_kimi_k3_moe.simulated_rank import (
     Topology,
+    build_kimi_moe_layer,
     marlin_without_gpu,
     rank_vllm_config,
     simulated_rank,
@@ -73,7 +74,6 @@ def build_kimi_moe(
     kimi_model: ModuleType, rank_config: Callable[[Topology], object]
 ) -> Callable[..., nn.Module]:
     """Build one real ``KimiMoE`` (patched unless ``upstream=True``) as one rank."""
-    from vllm.config import set_current_vllm_config
 
     def build(
         topology: Topology,
@@ -82,15 +82,10 @@ def build_kimi_moe(
         small: bool = False,
         device: str = "meta",
     ) -> nn.Module:
-        vllm_config = rank_config(topology)
         cls = upstream_kimi_moe(kimi_model) if upstream else kimi_model.KimiMoE
-        with set_current_vllm_config(vllm_config), torch.device(device):
-            return cls(
-                kimi_k3_text_config(small=small),
-                vllm_config,
-                quant_config=vllm_config.quant_config,
-                prefix="model.layers.1.block_sparse_moe",
-            )
+        return build_kimi_moe_layer(
+            cls, kimi_k3_text_config(small=small), rank_config(topology), device
+        )
 
     return build
 
