@@ -8,7 +8,18 @@ Patch index (each module opens with its full ledger entry):
     backend owns the padded per-rank layout. Delete with the vLLM release that
     ships the upstream fix.
 
-``register()`` only installs an import hook: the patch applies when vLLM imports
+``vllm_kimi_k3_moe.model_executor.layers.quantization.compressed_tensors.``
+``compressed_tensors_moe.compressed_tensors_moe_w4a4_mxfp4``
+    ``CompressedTensorsW4A4Mxfp4MoEMethod``: pads Kimi-K3 routed experts to
+    what its kernel needs and zero-fills the tail (upstream has neither).
+    Delete with the model patch.
+
+``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts``
+    Kimi-K3 routed-expert parameters' ``weight_loader``: refuses checkpoint
+    tensors of the wrong shape, duplicated and never-loaded expert tensors.
+    Delete when vLLM's expert loader validates these itself.
+
+``register()`` only installs an import hook: the patches apply when vLLM imports
 the Kimi-K3 NVIDIA model module, in whichever process does so.
 """
 
@@ -26,6 +37,10 @@ logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
 
 KIMI_K3_PACKAGE = "vllm.models.kimi_k3"
 KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
+COMPRESSED_TENSORS_MXFP4_MOE = (
+    "vllm.model_executor.layers.quantization.compressed_tensors."
+    "compressed_tensors_moe.compressed_tensors_moe_w4a4_mxfp4"
+)
 
 _registered = False
 _warned: set[str] = set()
@@ -51,6 +66,17 @@ def _patch_nvidia_model(module: ModuleType) -> None:
     if _warned_platform_refusal():
         return
     from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model as patch
+
+    patch.apply(module)
+    # Kimi-K3 is being served: its compressed-tensors MXFP4 experts need
+    # their method to pad, whenever (or if) that module is imported.
+    call_after_import(COMPRESSED_TENSORS_MXFP4_MOE, _patch_compressed_tensors_mxfp4)
+
+
+def _patch_compressed_tensors_mxfp4(module: ModuleType) -> None:
+    from vllm_kimi_k3_moe.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (  # noqa: E501
+        compressed_tensors_moe_w4a4_mxfp4 as patch,
+    )
 
     patch.apply(module)
 

@@ -82,14 +82,60 @@ def marlin_without_gpu() -> Iterator[None]:
         yield
 
 
-def rank_vllm_config(topology: Topology) -> Any:
-    """A fresh native-MXFP4 ``VllmConfig`` on Marlin for ``topology`` (vLLM
-    refuses two layers with one name under one config)."""
+QUANTIZATION_PATHS = ("mxfp4", "compressed-tensors")
+
+# A compressed-tensors MXFP4 block that vLLM does not rewrite to native MXFP4
+# (only format "mxfp4-pack-quantized" is). It targets the routed experts only:
+# vLLM has no MXFP4 linear kernel on a CPU, and the MoE method is chosen from
+# the weight arguments alone.
+COMPRESSED_TENSORS_MXFP4_EXPERTS = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "config_groups": {
+        "routed_experts": {
+            "targets": [r"re:.*\.experts\.\d+\..+"],
+            "weights": {
+                "num_bits": 4,
+                "type": "float",
+                "strategy": "group",
+                "group_size": 32,
+                "symmetric": True,
+                "dynamic": False,
+            },
+            "input_activations": None,
+            "format": "pack-quantized",
+        }
+    },
+    "ignore": [],
+}
+
+
+def quant_config(quantization: str) -> Any:
+    """The vLLM quantization config of one of ``QUANTIZATION_PATHS``."""
+    if quantization == "mxfp4":
+        from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
+
+        return Mxfp4Config()
+    if quantization == "compressed-tensors":
+        from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (  # noqa: E501
+            CompressedTensorsConfig,
+        )
+
+        return CompressedTensorsConfig.from_config(COMPRESSED_TENSORS_MXFP4_EXPERTS)
+    raise ValueError(
+        f"unknown quantization path {quantization!r}; "
+        f"choose one of {', '.join(QUANTIZATION_PATHS)}"
+    )
+
+
+def rank_vllm_config(topology: Topology, quantization: str = "mxfp4") -> Any:
+    """A fresh MXFP4 ``VllmConfig`` on Marlin for ``topology`` (vLLM refuses
+    two layers with one name under one config)."""
     from vllm.config import DeviceConfig, VllmConfig
-    from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 
     vllm_config = VllmConfig(
-        device_config=DeviceConfig(device="cpu"), quant_config=Mxfp4Config()
+        device_config=DeviceConfig(device="cpu"),
+        quant_config=quant_config(quantization),
     )
     vllm_config.kernel_config.moe_backend = "marlin"
     parallel = vllm_config.parallel_config

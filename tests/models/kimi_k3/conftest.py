@@ -53,25 +53,26 @@ def kimi_k3_text_config(*, small: bool = False):
 
 
 @pytest.fixture
-def rank_config() -> Iterator[Callable[[Topology], object]]:
-    """Pose as one rank of a topology and return its native-MXFP4 Marlin
-    ``VllmConfig``. The stand-ins (``vllm_kimi_k3_moe.simulated_rank``) cover
-    what a CPU box lacks: torch.distributed groups (layers read their size and
-    rank) and a CUDA device for vLLM's Marlin device check (the tests pick
-    Marlin as ``--moe-backend marlin`` does). Undone after each test."""
+def rank_config() -> Iterator[Callable[..., object]]:
+    """Pose as one rank of a topology and return its MXFP4 Marlin
+    ``VllmConfig`` (native MXFP4 unless ``quantization="compressed-tensors"``).
+    The stand-ins (``vllm_kimi_k3_moe.simulated_rank``) cover what a CPU box
+    lacks: torch.distributed groups (layers read their size and rank) and a
+    CUDA device for vLLM's Marlin device check (the tests pick Marlin as
+    ``--moe-backend marlin`` does). Undone after each test."""
     with ExitStack() as stack:
         stack.enter_context(marlin_without_gpu())
 
-        def make(topology: Topology) -> object:
+        def make(topology: Topology, quantization: str = "mxfp4") -> object:
             stack.enter_context(simulated_rank(topology))
-            return rank_vllm_config(topology)
+            return rank_vllm_config(topology, quantization)
 
         yield make
 
 
 @pytest.fixture
 def build_kimi_moe(
-    kimi_model: ModuleType, rank_config: Callable[[Topology], object]
+    kimi_model: ModuleType, rank_config: Callable[..., object]
 ) -> Callable[..., nn.Module]:
     """Build one real ``KimiMoE`` (patched unless ``upstream=True``) as one rank."""
 
@@ -81,10 +82,14 @@ def build_kimi_moe(
         upstream: bool = False,
         small: bool = False,
         device: str = "meta",
+        quantization: str = "mxfp4",
     ) -> nn.Module:
         cls = upstream_kimi_moe(kimi_model) if upstream else kimi_model.KimiMoE
         return build_kimi_moe_layer(
-            cls, kimi_k3_text_config(small=small), rank_config(topology), device
+            cls,
+            kimi_k3_text_config(small=small),
+            rank_config(topology, quantization),
+            device,
         )
 
     return build

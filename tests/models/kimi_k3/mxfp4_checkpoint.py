@@ -8,7 +8,7 @@ tells which checkpoint element landed there, and zero means "never written".
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -58,8 +58,16 @@ def digit_plane(indices: torch.Tensor, digit: int) -> torch.Tensor:
     return ((indices // BASE**digit) % BASE + 1).to(torch.uint8)
 
 
-def expert_parameter_name(shard: str, kind: str) -> str:
-    return f"{'w2' if shard == 'w2' else 'w13'}_{kind}"
+EXPERT_PARAMETERS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+UNWRITTEN = -1
+
+
+def expert_parameter_name(experts: nn.Module, shard: str, kind: str) -> str:
+    """The parameter a checkpoint tensor loads into; compressed-tensors MXFP4
+    names the packed weights ``*_weight_packed``, native MXFP4 ``*_weight``."""
+    name = f"{'w2' if shard == 'w2' else 'w13'}_{kind}"
+    packed = f"{name}_packed"
+    return packed if hasattr(experts, packed) else name
 
 
 def load_checkpoint(
@@ -70,7 +78,7 @@ def load_checkpoint(
     """Feed checkpoint tensors to vLLM's ``RoutedExperts.weight_loader`` the way
     ``load_weights`` does: through each parameter's own ``weight_loader``."""
     for (expert, shard, kind), tensor in tensors.items():
-        name = expert_parameter_name(shard, kind)
+        name = expert_parameter_name(experts, shard, kind)
         param = experts.get_parameter(name)
         param.weight_loader(
             param, tensor, f"{prefix}.{name}", shard_id=shard, expert_id=expert
@@ -78,7 +86,35 @@ def load_checkpoint(
 
 
 def expert_parameters(experts: nn.Module) -> dict[str, torch.Tensor]:
-    return {
-        name: experts.get_parameter(name).data
-        for name in ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
-    }
+    """The four expert tensors, keyed by their native-MXFP4 names."""
+    parameters = {}
+    for name in EXPERT_PARAMETERS:
+        stem, kind = name.split("_", 1)
+        shard = "w2" if stem == "w2" else "w1"
+        parameters[name] = experts.get_parameter(
+            expert_parameter_name(experts, shard, kind)
+        ).data
+    return parameters
+
+
+def load_and_decode(
+    make_experts: Callable[[], nn.Module], indices: dict[TensorKey, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Load each digit plane through the real loader of a fresh layer (a layer
+    takes each expert tensor once); per parameter byte, the checkpoint index it
+    received, or UNWRITTEN."""
+    decoded: dict[str, torch.Tensor] = {}
+    written: dict[str, torch.Tensor] = {}
+    for digit in range(DIGITS):
+        experts = make_experts()
+        load_checkpoint(experts, {k: digit_plane(v, digit) for k, v in indices.items()})
+        for name, param in expert_parameters(experts).items():
+            value = param.to(torch.int64)
+            if digit == 0:
+                decoded[name] = torch.zeros_like(value)
+                written[name] = torch.zeros_like(value, dtype=torch.bool)
+            written[name] |= value != 0
+            decoded[name] += (value - 1).clamp(min=0) * BASE**digit
+    for name in decoded:
+        decoded[name][~written[name]] = UNWRITTEN
+    return decoded

@@ -10,11 +10,11 @@ import torch
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.conftest import Topology, routed_experts
 from tests.models.kimi_k3.mxfp4_checkpoint import (
-    BASE,
-    DIGITS,
+    UNWRITTEN,
     checkpoint_indices,
     digit_plane,
     expert_parameters,
+    load_and_decode,
     load_checkpoint,
 )
 
@@ -23,7 +23,6 @@ RAW_LOCAL = 96  # 3072 // 32
 PADDED_LOCAL = 128  # Marlin: next multiple of 128
 HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256: Marlin adds no hidden padding
 EXPERTS = k3.SMALL_NUM_EXPERTS
-UNWRITTEN = -1
 
 
 @pytest.fixture(scope="module")
@@ -31,27 +30,18 @@ def indices():
     return checkpoint_indices(EXPERTS, HIDDEN, k3.MOE_INTERMEDIATE_SIZE)
 
 
-def load_and_decode(experts, indices) -> dict[str, torch.Tensor]:
-    """Load every digit plane through the real loader; per parameter byte, the
-    checkpoint index it received, or UNWRITTEN."""
-    params = expert_parameters(experts)
-    decoded = {n: torch.zeros(p.shape, dtype=torch.int64) for n, p in params.items()}
-    written = {n: torch.zeros(p.shape, dtype=torch.bool) for n, p in params.items()}
-    for digit in range(DIGITS):
-        load_checkpoint(experts, {k: digit_plane(v, digit) for k, v in indices.items()})
-        for name, param in params.items():
-            value = param.to(torch.int64)
-            written[name] |= value != 0
-            decoded[name] += (value - 1).clamp(min=0) * BASE**digit
-    for name in decoded:
-        decoded[name][~written[name]] = UNWRITTEN
-    return decoded
+# Native MXFP4 (the released checkpoint, rewritten by vLLM) and the
+# compressed-tensors MXFP4 method (other compressed-tensors formats).
+QUANTIZATION_PATHS = pytest.mark.parametrize(
+    "quantization", ["mxfp4", "compressed-tensors"]
+)
 
 
 def build_small(build_kimi_moe, topology, **kwargs):
     return routed_experts(build_kimi_moe(topology, small=True, device="cpu", **kwargs))
 
 
+@QUANTIZATION_PATHS
 @pytest.mark.parametrize(
     ("rank", "rows", "w2_cols", "w2_scale_cols"),
     [
@@ -62,10 +52,14 @@ def build_small(build_kimi_moe, topology, **kwargs):
     ],
 )
 def test_tp32_rank_placement(
-    build_kimi_moe, indices, rank, rows, w2_cols, w2_scale_cols
+    build_kimi_moe, indices, quantization, rank, rows, w2_cols, w2_scale_cols
 ):
-    experts = build_small(build_kimi_moe, Topology(TP_SIZE, rank))
-    decoded = load_and_decode(experts, indices)
+    decoded = load_and_decode(
+        lambda: build_small(
+            build_kimi_moe, Topology(TP_SIZE, rank), quantization=quantization
+        ),
+        indices,
+    )
     assert decoded["w13_weight"].shape == (EXPERTS, 2 * PADDED_LOCAL, HIDDEN // 2)
 
     expected = {n: torch.full_like(t, UNWRITTEN) for n, t in decoded.items()}
@@ -85,15 +79,21 @@ def test_tp32_rank_placement(
         assert torch.equal(decoded[name], expected[name]), name
 
 
+@QUANTIZATION_PATHS
 def test_every_checkpoint_element_lands_exactly_once_across_tp32(
-    build_kimi_moe, indices
+    build_kimi_moe, indices, quantization
 ):
     total = sum(t.numel() for t in indices.values())
     landed = []
     for rank in range(TP_SIZE):
-        experts = build_small(build_kimi_moe, Topology(TP_SIZE, rank))
-        assert experts.intermediate_size_per_partition == PADDED_LOCAL
-        for values in load_and_decode(experts, indices).values():
+        decoded = load_and_decode(
+            lambda rank=rank: build_small(
+                build_kimi_moe, Topology(TP_SIZE, rank), quantization=quantization
+            ),
+            indices,
+        )
+        assert decoded["w2_weight"].shape[2] == PADDED_LOCAL // 2
+        for values in decoded.values():
             landed.append(values[values != UNWRITTEN])
     counts = torch.bincount(torch.cat(landed), minlength=total)
     assert counts.numel() == total, "bytes decoded to an index beyond the checkpoint"
@@ -101,9 +101,14 @@ def test_every_checkpoint_element_lands_exactly_once_across_tp32(
     assert int((counts > 1).sum()) == 0, "checkpoint elements loaded twice"
 
 
+@QUANTIZATION_PATHS
 @pytest.mark.parametrize("rank", [0, 15, 31])
-def test_padded_tail_stays_zero_after_loading(build_kimi_moe, indices, rank):
-    experts = build_small(build_kimi_moe, Topology(TP_SIZE, rank))
+def test_padded_tail_stays_zero_after_loading(
+    build_kimi_moe, indices, quantization, rank
+):
+    experts = build_small(
+        build_kimi_moe, Topology(TP_SIZE, rank), quantization=quantization
+    )
     load_checkpoint(experts, {k: digit_plane(v, 0) for k, v in indices.items()})
     params = expert_parameters(experts)
     assert params["w13_weight"].shape[1] == 2 * PADDED_LOCAL

@@ -62,6 +62,11 @@ _current_build: contextvars.ContextVar[_KimiMoEBuild | None] = contextvars.Conte
 )
 
 
+def building_kimi_moe() -> bool:
+    """Whether a Kimi-K3 ``KimiMoE`` is being constructed in this context."""
+    return _current_build.get() is not None
+
+
 class BackendPaddedKimiMoE:
     """Placed in front of upstream ``KimiMoE`` in the patched class's MRO."""
 
@@ -76,6 +81,9 @@ class BackendPaddedKimiMoE:
             _current_build.reset(token)
         if build.model_level_size is not None:
             self.padded_moe_intermediate_size = build.model_level_size
+        from vllm_kimi_k3_moe.model_executor.layers.fused_moe import routed_experts
+
+        routed_experts.make_expert_loading_strict(self, config.moe_intermediate_size)
 
 
 def factory_receiving_logical_size(
