@@ -1,22 +1,27 @@
-"""Kimi-K3's public text-model dimensions, as a vLLM ``KimiLinearConfig``.
+"""Kimi-K3's MoE text config: the embedded default and reading a ``config.json``.
 
-Kimi-K3's ``config.json`` nests the language model under ``text_config``; these
-are the MoE-relevant values from it (hidden 7168, latent MoE width 3584,
-``moe_intermediate_size`` 3072, 896 routed + 2 shared experts, top-16, SiTU
-activation, sigmoid grouped top-k routing with one group).
+Kimi-K3's Hugging Face ``config.json`` nests the language model under
+``text_config``. The embedded values are the public Kimi-K3 dimensions (the
+mission statement of this project and vLLM 0.33.0's Kimi-K3 support agree on
+them); only the fields that shape a MoE layer are kept.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 KIMI_K3_MOE_TEXT_CONFIG: dict[str, Any] = {
-    "hidden_size": 7168,
-    "routed_expert_hidden_size": 3584,
-    "moe_intermediate_size": 3072,
-    "num_experts": 896,
-    "num_experts_per_token": 16,
+    "hidden_size": 7168,  # residual width
+    "routed_expert_hidden_size": 3584,  # latent MoE width: what the experts see
+    "moe_intermediate_size": 3072,  # per routed expert
+    "num_experts": 896,  # routed experts per MoE layer
+    "num_experts_per_token": 16,  # top-16 routing
     "num_shared_experts": 2,
+    "num_hidden_layers": 93,
+    "first_k_dense_replace": 1,  # layer 0 is dense: 92 MoE layers
+    "moe_layer_freq": 1,
     "hidden_act": "situ",
     "activation_situ_beta": 1.0,
     "activation_situ_linear_beta": 0.0,
@@ -27,7 +32,19 @@ KIMI_K3_MOE_TEXT_CONFIG: dict[str, Any] = {
     "routed_scaling_factor": 2.5,
 }
 
-NUM_MOE_LAYERS = 92  # of 93 layers
+# Without these a config does not describe a MoE model the planner can size;
+# the other fields fall back to vLLM's KimiLinearConfig defaults.
+REQUIRED_FIELDS = (
+    "hidden_size",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_experts_per_token",
+    "num_hidden_layers",
+)
+
+
+class ConfigFileError(ValueError):
+    """A ``config.json`` that cannot be used; the message is one line."""
 
 
 def kimi_k3_text_config(**overrides: Any) -> Any:
@@ -35,3 +52,44 @@ def kimi_k3_text_config(**overrides: Any) -> Any:
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
     return KimiLinearConfig(**{**KIMI_K3_MOE_TEXT_CONFIG, **overrides})
+
+
+def moe_layer_count(text_config: dict[str, Any]) -> int:
+    """MoE layers of the main model, chosen as vLLM's ``KimiDecoderLayer`` does."""
+    first = text_config.get("first_k_dense_replace", 0)
+    every = text_config.get("moe_layer_freq", 1)
+    return sum(
+        1
+        for index in range(text_config["num_hidden_layers"])
+        if index >= first and index % every == 0
+    )
+
+
+def read_text_config(path: Path) -> dict[str, Any]:
+    """The MoE fields of the text config in a Hugging Face ``config.json``."""
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigFileError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigFileError(f"cannot read config file {path}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise ConfigFileError(f"config file {path} is not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise ConfigFileError(f"config file {path} does not hold a JSON object")
+    text_config = document.get("text_config", document)
+    if not isinstance(text_config, dict):
+        raise ConfigFileError(f"config file {path}: text_config is not an object")
+    missing = [name for name in REQUIRED_FIELDS if text_config.get(name) is None]
+    if missing:
+        raise ConfigFileError(
+            f"config file {path} lacks {', '.join(missing)} "
+            "(looked in text_config, then at the top level)"
+        )
+    for name in REQUIRED_FIELDS:
+        value = text_config[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigFileError(
+                f"config file {path}: {name} must be a positive integer, got {value!r}"
+            )
+    return {k: text_config[k] for k in KIMI_K3_MOE_TEXT_CONFIG if k in text_config}

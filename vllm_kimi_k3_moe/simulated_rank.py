@@ -128,6 +128,37 @@ def quant_config(quantization: str) -> Any:
     )
 
 
+@contextmanager
+def mxfp4_backend_chosen(quantization: str, backend: str) -> Iterator[None]:
+    """Make vLLM's MXFP4 MoE method run ``backend`` (an ``Mxfp4MoeBackend`` name,
+    any case), as the platform check would on a GPU that runs it: the native
+    method's selector, or the compressed-tensors method's CUTLASS device check,
+    answers for the GPU this machine may not have."""
+    from vllm.model_executor.layers.fused_moe.experts.cutlass_moe import (
+        CutlassExpertsMxfp4,
+    )
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
+        Mxfp4MoeBackend,
+        backend_to_kernel_cls,
+    )
+    from vllm.model_executor.layers.quantization import mxfp4
+
+    chosen = Mxfp4MoeBackend[backend.upper()]
+    if quantization == "compressed-tensors":
+        cutlass = chosen == Mxfp4MoeBackend.CUTLASS_MXFP4_MXFP4
+        with _attributes(
+            CutlassExpertsMxfp4, _supports_current_device=staticmethod(lambda: cutlass)
+        ):
+            yield
+        return
+    experts_cls = backend_to_kernel_cls(chosen)[0]
+    with _attributes(
+        mxfp4,
+        select_deepseek_v4_mxfp4_moe_backend=lambda moe: (chosen, experts_cls),
+    ):
+        yield
+
+
 def rank_vllm_config(topology: Topology, quantization: str = "mxfp4") -> Any:
     """A fresh MXFP4 ``VllmConfig`` on Marlin for ``topology`` (vLLM refuses
     two layers with one name under one config)."""

@@ -1,0 +1,258 @@
+"""``vllm-kimi-k3-moe plan`` reports what vLLM's real Kimi-K3 MoE layers allocate
+per GPU, matching independent arithmetic, and refuses bad input in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from tests.models.kimi_k3 import kimi_k3_shapes as k3
+from vllm_kimi_k3_moe.cli import main
+from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_MOE_TEXT_CONFIG
+from vllm_kimi_k3_moe.plan import Deployment, plan
+
+MOE_LAYERS = 92  # 93 layers, the first one dense
+BF16 = 2  # bytes
+GB = 1e9
+
+
+def routed_bytes(experts: int, intermediate: int) -> int:
+    """MXFP4 w1, w3, w2 of ``experts`` experts at a per-rank intermediate: half a
+    byte per value plus one scale byte per 32 values."""
+    values = experts * 3 * k3.ROUTED_EXPERT_HIDDEN_SIZE * intermediate
+    return values // 2 + values // 32
+
+
+@pytest.fixture(scope="module")
+def kimi_k3_plans(kimi_model) -> dict[int, object]:
+    return {tp: plan(KIMI_K3_MOE_TEXT_CONFIG, Deployment(tp)) for tp in (8, 16, 32)}
+
+
+@pytest.mark.parametrize(
+    ("tp", "logical", "upstream", "fixed", "gb_upstream", "gb_fixed", "gb_floor"),
+    [
+        (8, 384, 384, 384, 180.8, 180.8, 180.8),
+        (16, 192, 256, 256, 120.5, 120.5, 90.4),  # 192 -> Marlin 256
+        (32, 96, 256, 128, 120.5, 60.3, 45.2),  # model-level 256 vs Marlin 128
+    ],
+)
+def test_routed_experts_per_gpu_on_marlin(
+    kimi_k3_plans, tp, logical, upstream, fixed, gb_upstream, gb_fixed, gb_floor
+):
+    result = kimi_k3_plans[tp]
+    assert result.moe_layers == MOE_LAYERS
+    assert result.logical_intermediate_per_rank == logical
+    assert result.upstream.intermediate_per_rank == upstream
+    assert result.fixed.intermediate_per_rank == fixed
+    assert result.upstream.routed_bytes == routed_bytes(k3.NUM_EXPERTS, upstream)
+    assert result.fixed.routed_bytes == routed_bytes(k3.NUM_EXPERTS, fixed)
+    assert result.floor_routed_bytes == routed_bytes(k3.NUM_EXPERTS, logical)
+    totals = result.to_dict()["all_moe_layers"]
+    assert round(totals["upstream_routed_bytes"] / GB, 1) == gb_upstream
+    assert round(totals["fixed_routed_bytes"] / GB, 1) == gb_fixed
+    assert round(totals["floor_routed_bytes"] / GB, 1) == gb_floor
+
+
+def test_shared_and_latent_bytes_at_tp32(kimi_k3_plans):
+    result = kimi_k3_plans[32]
+    # Two shared experts of 3072 fused into one MLP of 6144, TP-sharded: gate+up
+    # (2 * 6144 / 32 rows x 7168) and down (7168 x 6144 / 32), bf16.
+    shared = (2 * 6144 // 32 * 7168 + 7168 * 6144 // 32) * BF16
+    # Latent projections 7168 -> 3584 -> 7168, replicated on every GPU, bf16.
+    latent = 2 * 7168 * 3584 * BF16
+    for allocation in (result.upstream, result.fixed):
+        assert allocation.shared_bytes == shared
+        assert allocation.latent_bytes == latent
+    assert result.fixed.total_bytes > (
+        result.fixed.routed_bytes + result.fixed.shared_bytes + latent
+    )  # plus the router
+
+
+def test_expert_parallel_holds_whole_experts(kimi_model):
+    result = plan(KIMI_K3_MOE_TEXT_CONFIG, Deployment(32, expert_parallel=True))
+    assert result.fixed.local_experts == 896 // 32
+    assert result.logical_intermediate_per_rank == 3072
+    assert result.upstream.intermediate_per_rank == 3072
+    assert result.fixed == result.upstream
+    assert result.fixed.routed_bytes == routed_bytes(28, 3072)
+
+
+@pytest.mark.parametrize(
+    ("deployment", "upstream", "fixed"),
+    [
+        # The compressed-tensors method pads only with the plugin.
+        (Deployment(32, quantization="compressed-tensors"), 256, 128),
+        # b12x plans for the exact dimensions: the fixed layer is the floor.
+        (Deployment(32, backend="b12x_mxfp4_bf16"), 256, 96),
+        # CUTLASS scale tiles: 128.
+        (Deployment(16, backend="cutlass_mxfp4_mxfp4"), 256, 256),
+        # DP without EP: vLLM shards each expert over TP x DP = 32 GPUs (96),
+        # while upstream's model-level minimum looks at TP8 only (384): both
+        # leave the padding to Marlin.
+        (Deployment(8, dp_size=4), 128, 128),
+    ],
+)
+def test_other_paths_and_kernels(kimi_model, deployment, upstream, fixed):
+    result = plan(KIMI_K3_MOE_TEXT_CONFIG, deployment)
+    assert result.upstream.intermediate_per_rank == upstream
+    assert result.fixed.intermediate_per_rank == fixed
+
+
+def test_default_command_prints_the_tp8_16_32_table(kimi_model, capsys):
+    assert main(["plan"]) == 0
+    out, err = capsys.readouterr()
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line}
+    # config GPUs experts | I: logical upstream fixed | GB/layer x3 | GB x92 x3
+    assert rows["TP8"][:6] == ["TP8", "8", "896", "384", "384", "384"]
+    assert rows["TP8"][9:12] == ["180.8", "180.8", "180.8"]
+    assert rows["TP16"][3:6] == ["192", "256", "256"]
+    assert rows["TP16"][9:12] == ["120.5", "120.5", "90.4"]
+    assert rows["TP32"][3:6] == ["96", "256", "128"]
+    assert rows["TP32"][9:12] == ["120.5", "60.3", "45.2"]
+    assert "[3/3] building TP32" in err
+
+
+def test_json_with_fit_check(kimi_model, capsys):
+    assert main(["plan", "--tp", "32", "--json", "--gpu-memory-gib", "96"]) == 0
+    (document,) = json.loads(capsys.readouterr().out)
+    assert document["deployment"]["tp_size"] == 32
+    assert document["fixed_per_layer"]["intermediate_per_rank"] == 128
+    assert document["all_moe_layers"]["fixed_routed_bytes"] == 92 * routed_bytes(
+        896, 128
+    )
+    # 120.5 GB of routed experts alone exceed 96 GiB (103.1 GB); 60.3 GB do not.
+    assert document["fits"] == {"gpu_memory_gib": 96, "upstream": False, "fixed": True}
+
+
+def test_config_file_with_nested_text_config(kimi_model, tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "architectures": ["KimiK3ForConditionalGeneration"],
+                "quantization_config": {"format": "mxfp4-pack-quantized"},
+                "vision_config": {"hidden_size": 1152},
+                "text_config": {**KIMI_K3_MOE_TEXT_CONFIG, "vocab_size": 163840},
+            }
+        )
+    )
+    assert main(["plan", "--config", str(config), "--tp", "32", "--json"]) == 0
+    (document,) = json.loads(capsys.readouterr().out)
+    assert document["moe_layers"] == 92
+    assert document["fixed_per_layer"]["routed_bytes"] == routed_bytes(896, 128)
+
+
+def write(tmp_path, content: str):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    return str(path)
+
+
+BAD_INPUT = [
+    # (case, arguments, words the one-line error must contain)
+    ("tp not dividing 3072", ["--tp", "7"], ["3072", "7 GPUs"]),
+    ("tp x dp not dividing", ["--tp", "8", "--dp", "5"], ["3072", "40 GPUs"]),
+    ("ep not dividing 896", ["--tp", "6", "--ep"], ["896", "6"]),
+    ("tp zero", ["--tp", "0"], ["'0'", "positive"]),
+    ("tp not a number", ["--tp", "eight"], ["'eight'"]),
+    ("unknown backend", ["--moe-backend", "fastest"], ["'fastest'", "marlin"]),
+    ("auto backend", ["--moe-backend", "auto"], ["auto", "GPU"]),
+    (
+        "backend not on compressed-tensors",
+        ["--quantization", "compressed-tensors", "--moe-backend", "deepgemm_mxfp4"],
+        ["'deepgemm_mxfp4'", "compressed-tensors"],
+    ),
+    ("unknown quantization", ["--quantization", "nvfp4"], ["'nvfp4'"]),
+    ("gpu memory negative", ["--gpu-memory-gib", "-1"], ["'-1'"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "words"),
+    [case[1:] for case in BAD_INPUT],
+    ids=[case[0] for case in BAD_INPUT],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, arguments, words):
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", *arguments])
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    for word in words:
+        assert word in err
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (None, ["does not exist"]),
+        ("{not json", ["is not JSON"]),
+        ("[1, 2]", ["JSON object"]),
+        (json.dumps({"text_config": {"hidden_size": 7168}}), ["lacks", "num_experts"]),
+        (
+            json.dumps({**KIMI_K3_MOE_TEXT_CONFIG, "num_experts": "896"}),
+            ["num_experts", "'896'"],
+        ),
+    ],
+    ids=["missing", "not json", "not an object", "missing field", "field not int"],
+)
+def test_bad_config_file_is_one_line_and_exit_2(tmp_path, capsys, content, words):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--config", str(path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert str(path) in err
+    for word in words:
+        assert word in err
+
+
+def test_unreadable_config_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--config", str(tmp_path)])  # a directory
+    assert exited.value.code == 2
+    assert "cannot read config file" in capsys.readouterr().err
+
+
+def test_console_script_is_installed_and_fails_fast():
+    """The installed command: a bad topology is refused before vLLM is imported."""
+    command = shutil.which("vllm-kimi-k3-moe")
+    assert command is not None, "pip install the package: the console script"
+    result = subprocess.run(
+        [command, "plan", "--tp", "7"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "vllm-kimi-k3-moe plan: error: moe_intermediate_size 3072 does not split "
+        "evenly over 7 GPUs (TP 7 x DP 1; without expert parallelism vLLM shards "
+        "every expert over all of them)"
+    ]
+
+
+def test_help_lists_the_backends():
+    help_text = subprocess.run(
+        [shutil.which("vllm-kimi-k3-moe") or "false", "plan", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for word in ("--gpu-memory-gib", "--moe-backend", "flashinfer_trtllm_mxfp4_mxfp8"):
+        assert word in help_text
+
+
+def test_readme_shows_the_default_table(kimi_k3_plans):
+    from pathlib import Path
+
+    from vllm_kimi_k3_moe.plan_report import table
+
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    assert table([kimi_k3_plans[tp] for tp in (8, 16, 32)], None) in readme

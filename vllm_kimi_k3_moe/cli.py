@@ -1,0 +1,206 @@
+"""``vllm-kimi-k3-moe``: the plugin's command line.
+
+``plan`` answers, before any GPU is involved, how much memory Kimi-K3's MoE
+layers take per GPU for a deployment, as vLLM 0.33.0 allocates them and as it
+does with this plugin installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from vllm_kimi_k3_moe.kimi_k3_text_config import (
+    KIMI_K3_MOE_TEXT_CONFIG,
+    ConfigFileError,
+    read_text_config,
+)
+from vllm_kimi_k3_moe.plan import (
+    BACKENDS,
+    COMPRESSED_TENSORS_MXFP4_BACKENDS,
+    NVIDIA_MXFP4_BACKENDS,
+    Deployment,
+    PlanError,
+    validate,
+)
+
+DEFAULT_TP_SIZES = (8, 16, 32)
+USAGE_ERROR = 2
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Bad input ends with one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrorParser(
+        prog="vllm-kimi-k3-moe",
+        description="Tools of the vllm-kimi-k3-moe plugin for vLLM 0.33.0.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser(
+        "plan",
+        help="per-GPU memory of Kimi-K3's MoE layers for a deployment",
+        description=(
+            "Build vLLM 0.33.0's real Kimi-K3 MoE layer for rank 0 of each "
+            "deployment on the meta device (no GPU, no weights), as upstream "
+            "vLLM builds it and with this plugin, and report what it allocates "
+            "per GPU. Without options: TP8, TP16 and TP32, no expert "
+            "parallelism, native MXFP4 on Marlin, the embedded Kimi-K3 config."
+        ),
+        epilog=(
+            f"MXFP4 backends (vLLM's Mxfp4MoeBackend names): "
+            f"{', '.join(NVIDIA_MXFP4_BACKENDS)}. On the compressed-tensors path: "
+            f"{', '.join(COMPRESSED_TENSORS_MXFP4_BACKENDS)}. Exit status: 0 "
+            "printed, 2 unusable input."
+        ),
+    )
+    plan.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="a Hugging Face config.json (the language model may be nested "
+        "under text_config); default: the embedded Kimi-K3 text config "
+        "(hidden 7168, latent 3584, moe_intermediate_size 3072, 896 experts, "
+        "top-16, 2 shared, 92 of 93 layers MoE)",
+    )
+    plan.add_argument(
+        "--tp",
+        "--tensor-parallel-size",
+        dest="tp_sizes",
+        type=_positive_int,
+        nargs="+",
+        metavar="N",
+        help="tensor-parallel sizes, one table row each (default: 8 16 32)",
+    )
+    plan.add_argument(
+        "--dp",
+        "--data-parallel-size",
+        dest="dp_size",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="data-parallel size (default: 1)",
+    )
+    plan.add_argument(
+        "--ep",
+        "--enable-expert-parallel",
+        dest="expert_parallel",
+        action="store_true",
+        help="expert parallelism over TP x DP GPUs, as vLLM's flag of that name",
+    )
+    plan.add_argument(
+        "--moe-backend",
+        default="marlin",
+        metavar="NAME",
+        help="the MXFP4 MoE kernel vLLM runs (default: marlin; see below). "
+        "'auto' is refused: vLLM resolves it from the GPU it starts on",
+    )
+    plan.add_argument(
+        "--quantization",
+        choices=tuple(BACKENDS),
+        default="mxfp4",
+        help="MXFP4 path: mxfp4 (native; the released mxfp4-pack-quantized "
+        "checkpoint is rewritten to it) or compressed-tensors (other "
+        "compressed-tensors MXFP4 formats); default: mxfp4",
+    )
+    plan.add_argument(
+        "--gpu-memory-gib",
+        type=_positive_float,
+        metavar="N",
+        help="also say whether the MoE-layer weights fit in N GiB per GPU",
+    )
+    plan.add_argument(
+        "--json", action="store_true", help="print JSON instead of the table"
+    )
+    return parser
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"vllm-kimi-k3-moe plan: error: {message}", file=sys.stderr)
+    raise SystemExit(USAGE_ERROR)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    try:
+        text_config = (
+            KIMI_K3_MOE_TEXT_CONFIG
+            if args.config is None
+            else read_text_config(args.config)
+        )
+        deployments = [
+            Deployment(
+                tp_size=tp,
+                dp_size=args.dp_size,
+                expert_parallel=args.expert_parallel,
+                backend=args.moe_backend.lower(),
+                quantization=args.quantization,
+            )
+            for tp in args.tp_sizes or DEFAULT_TP_SIZES
+        ]
+        for deployment in deployments:  # all input errors before the slow part
+            validate(text_config, deployment)
+    except (ConfigFileError, PlanError) as error:
+        _fail(str(error))
+
+    # vLLM logs to stdout by default; keep stdout for the table or the JSON.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from vllm_kimi_k3_moe.plan import plan
+    from vllm_kimi_k3_moe.plan_report import as_json, table
+
+    plans = []
+    try:
+        for index, deployment in enumerate(deployments, 1):
+            if len(deployments) > 1 or index == 1:
+                print(
+                    f"[{index}/{len(deployments)}] building {deployment.label} "
+                    "(upstream and fixed)"
+                    + (", importing vLLM first" if index == 1 else ""),
+                    file=sys.stderr,
+                    flush=True,
+                )
+            plans.append(plan(text_config, deployment))
+    except PlanError as error:
+        _fail(str(error))
+    render = as_json if args.json else table
+    print(render(plans, args.gpu_memory_gib))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "plan":
+        return run_plan(args)
+    raise AssertionError(f"unhandled command {args.command!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""Per-GPU memory of Kimi-K3's MoE layers for one deployment, from real vLLM layers.
+
+For a deployment (TP, DP, expert parallelism, MXFP4 path and kernel), vLLM
+0.33.0's own ``KimiMoE`` is built for rank 0 on the ``meta`` device twice, as
+upstream builds it and with this plugin, and the shape and dtype of every
+parameter it allocates are read. ``validate`` refuses topologies that split the
+experts or the intermediate size unevenly, so every rank allocates what rank 0
+does and rank 0 stands for each GPU.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vllm_kimi_k3_moe.kimi_k3_text_config import moe_layer_count
+
+# vLLM's Mxfp4MoeBackend members that run on NVIDIA GPUs (ROCm, XPU and CPU
+# kernels left out), as the planner names them.
+NVIDIA_MXFP4_BACKENDS = (
+    "marlin",
+    "batched_marlin",
+    "cutlass_mxfp4_mxfp4",
+    "deepgemm_mxfp4",
+    "flashinfer_trtllm_mxfp4_mxfp8",
+    "flashinfer_trtllm_mxfp4_bf16",
+    "flashinfer_cutlass_mxfp4_mxfp8",
+    "flashinfer_cutlass_mxfp4_bf16",
+    "flashinfer_moe_ep_cutedsl",
+    "flashinfer_moe_ep_deep_gemm",
+    "b12x_mxfp4_mxfp8",
+    "b12x_mxfp4_bf16",
+    "humming",
+    "triton",
+)
+# What vLLM's compressed-tensors MXFP4 MoE method picks by device on NVIDIA.
+COMPRESSED_TENSORS_MXFP4_BACKENDS = ("marlin", "cutlass_mxfp4_mxfp4")
+BACKENDS = {
+    "mxfp4": NVIDIA_MXFP4_BACKENDS,
+    "compressed-tensors": COMPRESSED_TENSORS_MXFP4_BACKENDS,
+}
+ROUTED_PARAMETERS = ("experts.routed_experts.w13_", "experts.routed_experts.w2_")
+SHARED_PARAMETERS = ("shared_experts.",)
+LATENT_PARAMETERS = ("routed_expert_up_proj.", "routed_expert_down_proj.")
+
+
+class PlanError(ValueError):
+    """A deployment the planner cannot size; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What ``vllm serve`` would be asked for."""
+
+    tp_size: int
+    dp_size: int = 1
+    expert_parallel: bool = False
+    backend: str = "marlin"
+    quantization: str = "mxfp4"
+
+    @property
+    def gpus(self) -> int:
+        return self.tp_size * self.dp_size
+
+    @property
+    def label(self) -> str:
+        label = f"TP{self.tp_size}"
+        if self.dp_size > 1:
+            label += f" DP{self.dp_size}"
+        return label + (" EP" if self.expert_parallel else "")
+
+
+def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
+    """Refuse, with one line naming the bad value, what cannot be sized."""
+    if deployment.tp_size < 1 or deployment.dp_size < 1:
+        raise PlanError(
+            f"tensor- and data-parallel sizes must be at least 1, got "
+            f"TP {deployment.tp_size} and DP {deployment.dp_size}"
+        )
+    backends = BACKENDS.get(deployment.quantization)
+    if backends is None:
+        raise PlanError(
+            f"unknown quantization path {deployment.quantization!r}; "
+            f"choose one of {', '.join(BACKENDS)}"
+        )
+    if deployment.backend == "auto":
+        raise PlanError(
+            "--moe-backend auto is resolved by vLLM from the GPU it starts on; "
+            "name the kernel your deployment runs (vLLM logs it at startup), "
+            "e.g. --moe-backend marlin"
+        )
+    if deployment.backend not in backends:
+        raise PlanError(
+            f"unknown MoE backend {deployment.backend!r} for "
+            f"{deployment.quantization}; choose one of {', '.join(backends)}"
+        )
+    gpus = deployment.gpus
+    if deployment.expert_parallel:
+        experts = text_config["num_experts"]
+        if experts % gpus:
+            raise PlanError(
+                f"{experts} routed experts do not split evenly over {gpus} "
+                f"expert-parallel GPUs (TP {deployment.tp_size} x DP "
+                f"{deployment.dp_size})"
+            )
+    else:
+        intermediate = text_config["moe_intermediate_size"]
+        if intermediate % gpus:
+            raise PlanError(
+                f"moe_intermediate_size {intermediate} does not split evenly "
+                f"over {gpus} GPUs (TP {deployment.tp_size} x DP "
+                f"{deployment.dp_size}; without expert parallelism vLLM shards "
+                "every expert over all of them)"
+            )
+
+
+@dataclass(frozen=True)
+class LayerAllocation:
+    """What one MoE layer allocates on one GPU, read from its parameters."""
+
+    intermediate_per_rank: int
+    local_experts: int
+    routed_bytes: int
+    shared_bytes: int
+    latent_bytes: int
+    total_bytes: int
+
+    @classmethod
+    def of(cls, kimi_moe: Any) -> LayerAllocation:
+        sizes = {
+            name: p.numel() * p.element_size()
+            for name, p in kimi_moe.named_parameters()
+        }
+
+        def total(prefixes: tuple[str, ...]) -> int:
+            return sum(n for name, n in sizes.items() if name.startswith(prefixes))
+
+        experts = kimi_moe.experts.routed_experts
+        return cls(
+            intermediate_per_rank=experts.intermediate_size_per_partition,
+            local_experts=experts.local_num_experts,
+            routed_bytes=total(ROUTED_PARAMETERS),
+            shared_bytes=total(SHARED_PARAMETERS),
+            latent_bytes=total(LATENT_PARAMETERS),
+            total_bytes=sum(sizes.values()),
+        )
+
+
+@dataclass(frozen=True)
+class MoeMemoryPlan:
+    """Per-GPU MoE memory of one deployment, upstream vLLM and with the fix."""
+
+    deployment: Deployment
+    moe_layers: int
+    logical_intermediate_per_rank: int
+    upstream: LayerAllocation
+    fixed: LayerAllocation
+
+    @property
+    def floor_routed_bytes(self) -> int:
+        """Routed-expert bytes of a layer allocated at exactly the logical
+        per-rank size: the fixed allocation without its kernel padding (every
+        routed tensor is linear in the per-rank intermediate)."""
+        return (
+            self.fixed.routed_bytes
+            * self.logical_intermediate_per_rank
+            // self.fixed.intermediate_per_rank
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "deployment": {**asdict(self.deployment), "gpus": self.deployment.gpus},
+            "moe_layers": self.moe_layers,
+            "logical_intermediate_per_rank": self.logical_intermediate_per_rank,
+            "upstream_per_layer": asdict(self.upstream),
+            "fixed_per_layer": asdict(self.fixed),
+            "floor_routed_bytes_per_layer": self.floor_routed_bytes,
+            "all_moe_layers": {
+                "upstream_routed_bytes": self.upstream.routed_bytes * self.moe_layers,
+                "fixed_routed_bytes": self.fixed.routed_bytes * self.moe_layers,
+                "floor_routed_bytes": self.floor_routed_bytes * self.moe_layers,
+                "shared_bytes": self.fixed.shared_bytes * self.moe_layers,
+                "latent_bytes": self.fixed.latent_bytes * self.moe_layers,
+                "upstream_total_bytes": self.upstream.total_bytes * self.moe_layers,
+                "fixed_total_bytes": self.fixed.total_bytes * self.moe_layers,
+            },
+        }
+
+
+@contextmanager
+def _default_dtype(dtype: Any) -> Any:
+    import torch
+
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def _build(kimi_moe_cls: type, text_config: dict[str, Any], deployment: Deployment):
+    import torch
+    from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
+
+    from vllm_kimi_k3_moe.simulated_rank import (
+        Topology,
+        build_kimi_moe_layer,
+        mxfp4_backend_chosen,
+        rank_vllm_config,
+        simulated_rank,
+    )
+
+    topology = Topology(
+        deployment.tp_size,
+        dp_size=deployment.dp_size,
+        expert_parallel=deployment.expert_parallel,
+    )
+    with (
+        simulated_rank(topology),
+        mxfp4_backend_chosen(deployment.quantization, deployment.backend),
+        # Weights outside the MXFP4 experts are bfloat16, Kimi-K3's dtype.
+        _default_dtype(torch.bfloat16),
+    ):
+        vllm_config = rank_vllm_config(topology, deployment.quantization)
+        try:
+            return build_kimi_moe_layer(
+                kimi_moe_cls, KimiLinearConfig(**text_config), vllm_config
+            )
+        except (AssertionError, ValueError, RuntimeError) as error:
+            raise PlanError(
+                f"vLLM 0.33.0 cannot build the Kimi-K3 MoE layer for "
+                f"{deployment.label}: {type(error).__name__}: {error}"
+            ) from error
+
+
+def kimi_moe_classes() -> tuple[type, type]:
+    """(upstream ``KimiMoE``, patched ``KimiMoE``), importing vLLM's model."""
+    import importlib
+
+    import vllm_kimi_k3_moe
+    from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
+        BackendPaddedKimiMoE,
+        upstream_kimi_moe,
+    )
+
+    vllm_kimi_k3_moe.register()
+    model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+    if not issubclass(model.KimiMoE, BackendPaddedKimiMoE):
+        raise PlanError(
+            "the plugin did not patch vLLM's Kimi-K3 model (see the warning "
+            "above): the planner needs vLLM 0.33.x on a non-ROCm platform"
+        )
+    return upstream_kimi_moe(model), model.KimiMoE
+
+
+def plan(text_config: dict[str, Any], deployment: Deployment) -> MoeMemoryPlan:
+    """Size ``deployment`` by building its rank-0 MoE layer, upstream and fixed."""
+    validate(text_config, deployment)
+    upstream_cls, fixed_cls = kimi_moe_classes()
+    intermediate = text_config["moe_intermediate_size"]
+    return MoeMemoryPlan(
+        deployment=deployment,
+        moe_layers=moe_layer_count(text_config),
+        logical_intermediate_per_rank=(
+            intermediate
+            if deployment.expert_parallel
+            else intermediate // deployment.gpus
+        ),
+        upstream=LayerAllocation.of(_build(upstream_cls, text_config, deployment)),
+        fixed=LayerAllocation.of(_build(fixed_cls, text_config, deployment)),
+    )
