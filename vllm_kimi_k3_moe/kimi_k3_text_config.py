@@ -41,6 +41,14 @@ REQUIRED_FIELDS = (
     "num_experts_per_token",
     "num_hidden_layers",
 )
+# Integer fields and their smallest valid value, checked when set.
+INTEGER_FIELDS = {
+    **dict.fromkeys(REQUIRED_FIELDS, 1),
+    "routed_expert_hidden_size": 1,
+    "num_shared_experts": 0,
+    "first_k_dense_replace": 0,
+    "moe_layer_freq": 1,
+}
 
 
 class ConfigFileError(ValueError):
@@ -77,19 +85,27 @@ def read_text_config(path: Path) -> dict[str, Any]:
         raise ConfigFileError(f"config file {path} is not JSON: {error}") from None
     if not isinstance(document, dict):
         raise ConfigFileError(f"config file {path} does not hold a JSON object")
-    text_config = document.get("text_config", document)
+    nested = "text_config" in document
+    text_config = document["text_config"] if nested else document
+    where = "text_config" if nested else "the top level"
     if not isinstance(text_config, dict):
         raise ConfigFileError(f"config file {path}: text_config is not an object")
     missing = [name for name in REQUIRED_FIELDS if text_config.get(name) is None]
     if missing:
         raise ConfigFileError(
-            f"config file {path} lacks {', '.join(missing)} "
-            "(looked in text_config, then at the top level)"
+            f"config file {path} lacks {', '.join(missing)} in {where}"
         )
-    for name in REQUIRED_FIELDS:
-        value = text_config[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    for name, minimum in INTEGER_FIELDS.items():
+        value = text_config.get(name)
+        if value is None:  # absent or null: vLLM's default applies
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigFileError(
-                f"config file {path}: {name} must be a positive integer, got {value!r}"
+                f"config file {path}: {name} must be an integer of at least "
+                f"{minimum}, got {value!r}"
             )
-    return {k: text_config[k] for k in KIMI_K3_MOE_TEXT_CONFIG if k in text_config}
+    return {
+        name: text_config[name]
+        for name in KIMI_K3_MOE_TEXT_CONFIG
+        if text_config.get(name) is not None
+    }

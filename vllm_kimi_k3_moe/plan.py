@@ -228,7 +228,7 @@ def _build(kimi_moe_cls: type, text_config: dict[str, Any], deployment: Deployme
             return build_kimi_moe_layer(
                 kimi_moe_cls, KimiLinearConfig(**text_config), vllm_config
             )
-        except (AssertionError, ValueError, RuntimeError) as error:
+        except (AssertionError, TypeError, ValueError, RuntimeError) as error:
             raise PlanError(
                 f"vLLM 0.33.0 cannot build the Kimi-K3 MoE layer for "
                 f"{deployment.label}: {type(error).__name__}: {error}"

@@ -192,13 +192,29 @@ def test_bad_input_is_one_line_and_exit_2(capsys, arguments, words):
         (None, ["does not exist"]),
         ("{not json", ["is not JSON"]),
         ("[1, 2]", ["JSON object"]),
-        (json.dumps({"text_config": {"hidden_size": 7168}}), ["lacks", "num_experts"]),
+        (
+            json.dumps({"text_config": {"hidden_size": 7168}}),
+            ["lacks", "num_experts", "in text_config"],
+        ),
         (
             json.dumps({**KIMI_K3_MOE_TEXT_CONFIG, "num_experts": "896"}),
             ["num_experts", "'896'"],
         ),
+        (
+            json.dumps(
+                {"text_config": {**KIMI_K3_MOE_TEXT_CONFIG, "moe_layer_freq": 0}}
+            ),
+            ["moe_layer_freq", "at least 1", "got 0"],
+        ),
     ],
-    ids=["missing", "not json", "not an object", "missing field", "field not int"],
+    ids=[
+        "missing",
+        "not json",
+        "not an object",
+        "missing field",
+        "field not int",
+        "layer frequency 0",
+    ],
 )
 def test_bad_config_file_is_one_line_and_exit_2(tmp_path, capsys, content, words):
     path = tmp_path / "config.json"
