@@ -272,3 +272,19 @@ def test_readme_shows_the_default_table(kimi_k3_plans):
 
     readme = (Path(__file__).parents[3] / "README.md").read_text()
     assert table([kimi_k3_plans[tp] for tp in (8, 16, 32)], None) in readme
+
+
+def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
+    """Each name --moe-backend accepts is a vLLM Mxfp4MoeBackend the layer builds
+    with; at TP32 none allocates more than upstream's 256 or less than 96."""
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+
+    from vllm_kimi_k3_moe.plan import BACKENDS
+
+    for quantization, backends in BACKENDS.items():
+        for backend in backends:
+            assert backend.upper() in Mxfp4MoeBackend.__members__, backend
+            deployment = Deployment(32, backend=backend, quantization=quantization)
+            result = plan(KIMI_K3_MOE_TEXT_CONFIG, deployment)
+            assert result.upstream.intermediate_per_rank == 256, backend
+            assert result.fixed.intermediate_per_rank in (96, 128), backend
