@@ -10,11 +10,11 @@ does and rank 0 stands for each GPU.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm_kimi_k3_moe.kimi_k3_text_config import moe_layer_count
+from vllm_kimi_k3_moe.simulated_rank import QUANTIZATION_PATHS
 
 # vLLM's Mxfp4MoeBackend members that run on NVIDIA GPUs (ROCm, XPU and CPU
 # kernels left out), as the planner names them.
@@ -36,10 +36,14 @@ NVIDIA_MXFP4_BACKENDS = (
 )
 # What vLLM's compressed-tensors MXFP4 MoE method picks by device on NVIDIA.
 COMPRESSED_TENSORS_MXFP4_BACKENDS = ("marlin", "cutlass_mxfp4_mxfp4")
-BACKENDS = {
-    "mxfp4": NVIDIA_MXFP4_BACKENDS,
-    "compressed-tensors": COMPRESSED_TENSORS_MXFP4_BACKENDS,
-}
+BACKENDS = dict(
+    zip(
+        QUANTIZATION_PATHS,
+        (NVIDIA_MXFP4_BACKENDS, COMPRESSED_TENSORS_MXFP4_BACKENDS),
+        strict=True,
+    )
+)
+GIB = 2**30
 ROUTED_PARAMETERS = ("experts.routed_experts.w13_", "experts.routed_experts.w2_")
 SHARED_PARAMETERS = ("shared_experts.",)
 LATENT_PARAMETERS = ("routed_expert_up_proj.", "routed_expert_down_proj.")
@@ -176,33 +180,37 @@ class MoeMemoryPlan:
             "upstream_per_layer": asdict(self.upstream),
             "fixed_per_layer": asdict(self.fixed),
             "floor_routed_bytes_per_layer": self.floor_routed_bytes,
-            "all_moe_layers": {
-                "upstream_routed_bytes": self.upstream.routed_bytes * self.moe_layers,
-                "fixed_routed_bytes": self.fixed.routed_bytes * self.moe_layers,
-                "floor_routed_bytes": self.floor_routed_bytes * self.moe_layers,
-                "shared_bytes": self.fixed.shared_bytes * self.moe_layers,
-                "latent_bytes": self.fixed.latent_bytes * self.moe_layers,
-                "upstream_total_bytes": self.upstream.total_bytes * self.moe_layers,
-                "fixed_total_bytes": self.fixed.total_bytes * self.moe_layers,
-            },
+            "all_moe_layers": self.all_moe_layers,
         }
 
+    @property
+    def all_moe_layers(self) -> dict[str, int]:
+        """Per-GPU bytes summed over the model's MoE layers."""
+        per_layer = {
+            "upstream_routed_bytes": self.upstream.routed_bytes,
+            "fixed_routed_bytes": self.fixed.routed_bytes,
+            "floor_routed_bytes": self.floor_routed_bytes,
+            "shared_bytes": self.fixed.shared_bytes,
+            "latent_bytes": self.fixed.latent_bytes,
+            "upstream_total_bytes": self.upstream.total_bytes,
+            "fixed_total_bytes": self.fixed.total_bytes,
+        }
+        return {name: n * self.moe_layers for name, n in per_layer.items()}
 
-@contextmanager
-def _default_dtype(dtype: Any) -> Any:
-    import torch
-
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
+    def fits(self, gpu_memory_gib: float) -> dict[str, bool]:
+        """Whether all MoE-layer weights fit in ``gpu_memory_gib`` per GPU."""
+        totals = self.all_moe_layers
+        budget = gpu_memory_gib * GIB
+        return {
+            "upstream": totals["upstream_total_bytes"] <= budget,
+            "fixed": totals["fixed_total_bytes"] <= budget,
+        }
 
 
 def _build(kimi_moe_cls: type, text_config: dict[str, Any], deployment: Deployment):
     import torch
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
     from vllm_kimi_k3_moe.simulated_rank import (
         Topology,
@@ -221,7 +229,7 @@ def _build(kimi_moe_cls: type, text_config: dict[str, Any], deployment: Deployme
         simulated_rank(topology),
         mxfp4_backend_chosen(deployment.quantization, deployment.backend),
         # Weights outside the MXFP4 experts are bfloat16, Kimi-K3's dtype.
-        _default_dtype(torch.bfloat16),
+        set_default_torch_dtype(torch.bfloat16),
     ):
         vllm_config = rank_vllm_config(topology, deployment.quantization)
         try:

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from vllm_kimi_k3_moe.plan import MoeMemoryPlan
 
 GB = 10**9
-GIB = 2**30
 
 
 def _gb(num_bytes: int) -> str:
@@ -17,10 +16,6 @@ def _gb(num_bytes: int) -> str:
 
 def _gb_per_layer(num_bytes: int) -> str:
     return f"{num_bytes / GB:.3f}"
-
-
-def _fits(num_bytes: int, gpu_memory_gib: float) -> str:
-    return "yes" if num_bytes <= gpu_memory_gib * GIB else "no"
 
 
 QUANTIZATION_NAMES = {
@@ -65,6 +60,7 @@ def table(plans: Sequence[MoeMemoryPlan], gpu_memory_gib: float | None) -> str:
         groups.append((f"fits {gpu_memory_gib:g} GiB", ["upstream", "fixed"]))
     rows = []
     for p in plans:
+        totals = p.all_moe_layers
         row = [
             p.deployment.label,
             str(p.deployment.gpus),
@@ -75,17 +71,15 @@ def table(plans: Sequence[MoeMemoryPlan], gpu_memory_gib: float | None) -> str:
             _gb_per_layer(p.upstream.routed_bytes),
             _gb_per_layer(p.fixed.routed_bytes),
             _gb_per_layer(p.floor_routed_bytes),
-            _gb(p.upstream.routed_bytes * layers),
-            _gb(p.fixed.routed_bytes * layers),
-            _gb(p.floor_routed_bytes * layers),
-            _gb(p.fixed.shared_bytes * layers),
-            _gb(p.fixed.latent_bytes * layers),
+            _gb(totals["upstream_routed_bytes"]),
+            _gb(totals["fixed_routed_bytes"]),
+            _gb(totals["floor_routed_bytes"]),
+            _gb(totals["shared_bytes"]),
+            _gb(totals["latent_bytes"]),
         ]
         if gpu_memory_gib is not None:
-            row += [
-                _fits(p.upstream.total_bytes * layers, gpu_memory_gib),
-                _fits(p.fixed.total_bytes * layers, gpu_memory_gib),
-            ]
+            fits = p.fits(gpu_memory_gib)
+            row += ["yes" if fits[which] else "no" for which in ("upstream", "fixed")]
         rows.append(row)
 
     d = plans[0].deployment
@@ -119,11 +113,9 @@ def as_json(plans: Sequence[MoeMemoryPlan], gpu_memory_gib: float | None) -> str
     for p in plans:
         document = p.to_dict()
         if gpu_memory_gib is not None:
-            layers = p.moe_layers
             document["fits"] = {
                 "gpu_memory_gib": gpu_memory_gib,
-                "upstream": p.upstream.total_bytes * layers <= gpu_memory_gib * GIB,
-                "fixed": p.fixed.total_bytes * layers <= gpu_memory_gib * GIB,
+                **p.fits(gpu_memory_gib),
             }
         documents.append(document)
     return json.dumps(documents, indent=2)
