@@ -79,7 +79,8 @@ class StrictExpertLoading:
         self.layer_name: str = experts.layer_name
         self.hidden_size: int = experts.moe_config.hidden_dim_unpadded
         self.intermediate_size = moe_intermediate_size
-        self.shards: dict[str, tuple[str, ...]] = {}  # parameter -> shards
+        # (shard, suffix) of every checkpoint tensor an expert of this layer has
+        self.expert_tensors: list[tuple[str, str]] = []
         self.written: set[ExpertSlice] = set()
 
     def checkpoint_name(self, expert_slice: ExpertSlice) -> str:
@@ -99,9 +100,9 @@ class StrictExpertLoading:
     def is_local(self, expert_id: int) -> bool:
         return bool(self.experts.expert_map_manager.is_local_expert(expert_id))
 
-    def loader_for(self, parameter_name: str) -> Callable[..., Any]:
-        """The ``weight_loader`` for one expert parameter of this layer."""
-        suffix = _EXPERT_PARAMETER.fullmatch(parameter_name).group(2)
+    def loader_for(self, suffix: str) -> Callable[..., Any]:
+        """The ``weight_loader`` for the expert parameter whose checkpoint
+        tensors end in ``suffix`` (weight, weight_packed or weight_scale)."""
 
         def weight_loader(
             param: nn.Parameter,
@@ -153,9 +154,8 @@ class StrictExpertLoading:
         """Every slice this rank must receive: its local experts' tensors."""
         local = [e for e in range(self.experts.global_num_experts) if self.is_local(e)]
         return {
-            ExpertSlice(expert, shard, _EXPERT_PARAMETER.fullmatch(name).group(2))
-            for name, shards in self.shards.items()
-            for shard in shards
+            ExpertSlice(expert, shard, suffix)
+            for shard, suffix in self.expert_tensors
             for expert in local
         }
 
@@ -216,8 +216,10 @@ def _install(experts: nn.Module, moe_intermediate_size: int) -> None:
         match = _EXPERT_PARAMETER.fullmatch(name)
         if match is None:
             continue
-        loading.shards[name] = ("w1", "w3") if match.group(1) == "w13" else ("w2",)
-        param.weight_loader = loading.loader_for(name)
+        stem, suffix = match.groups()
+        shards = ("w1", "w3") if stem == "w13" else ("w2",)
+        loading.expert_tensors += [(shard, suffix) for shard in shards]
+        param.weight_loader = loading.loader_for(suffix)
 
     quant_method = experts.quant_method
     process_weights = quant_method.process_weights_after_loading
