@@ -23,6 +23,7 @@ from vllm_kimi_k3_moe.kimi_k3_text_config import (
 )
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
 from vllm_kimi_k3_moe.simulated_rank import (
+    QUANTIZATION_PATHS,
     Topology,
     build_kimi_moe_layer,
     marlin_without_gpu,
@@ -31,6 +32,10 @@ from vllm_kimi_k3_moe.simulated_rank import (
 )
 
 KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
+
+# Native MXFP4 (the released checkpoint, rewritten by vLLM) and the
+# compressed-tensors MXFP4 method (other compressed-tensors formats).
+on_both_quantization_paths = pytest.mark.parametrize("quantization", QUANTIZATION_PATHS)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from tests.models.kimi_k3.conftest import Topology, routed_experts
+from tests.models.kimi_k3.conftest import (
+    Topology,
+    on_both_quantization_paths,
+    routed_experts,
+)
 from tests.models.kimi_k3.mxfp4_checkpoint import (
     UNWRITTEN,
     checkpoint_indices,
@@ -30,18 +34,11 @@ def indices():
     return checkpoint_indices(EXPERTS, HIDDEN, k3.MOE_INTERMEDIATE_SIZE)
 
 
-# Native MXFP4 (the released checkpoint, rewritten by vLLM) and the
-# compressed-tensors MXFP4 method (other compressed-tensors formats).
-QUANTIZATION_PATHS = pytest.mark.parametrize(
-    "quantization", ["mxfp4", "compressed-tensors"]
-)
-
-
 def build_small(build_kimi_moe, topology, **kwargs):
     return routed_experts(build_kimi_moe(topology, small=True, device="cpu", **kwargs))
 
 
-@QUANTIZATION_PATHS
+@on_both_quantization_paths
 @pytest.mark.parametrize(
     ("rank", "rows", "w2_cols", "w2_scale_cols"),
     [
@@ -79,7 +76,7 @@ def test_tp32_rank_placement(
         assert torch.equal(decoded[name], expected[name]), name
 
 
-@QUANTIZATION_PATHS
+@on_both_quantization_paths
 def test_every_checkpoint_element_lands_exactly_once_across_tp32(
     build_kimi_moe, indices, quantization
 ):
@@ -101,7 +98,7 @@ def test_every_checkpoint_element_lands_exactly_once_across_tp32(
     assert int((counts > 1).sum()) == 0, "checkpoint elements loaded twice"
 
 
-@QUANTIZATION_PATHS
+@on_both_quantization_paths
 @pytest.mark.parametrize("rank", [0, 15, 31])
 def test_padded_tail_stays_zero_after_loading(
     build_kimi_moe, indices, quantization, rank

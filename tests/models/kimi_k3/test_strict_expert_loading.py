@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from tests.models.kimi_k3.conftest import Topology, routed_experts
+from tests.models.kimi_k3.conftest import (
+    Topology,
+    on_both_quantization_paths,
+    routed_experts,
+)
 from tests.models.kimi_k3.mxfp4_checkpoint import (
     checkpoint_indices,
     digit_plane,
@@ -25,9 +29,6 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
 HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256
 EXPERTS = k3.SMALL_NUM_EXPERTS  # 4
 LAYER = "model.layers.1.block_sparse_moe.experts"
-QUANTIZATION_PATHS = pytest.mark.parametrize(
-    "quantization", ["mxfp4", "compressed-tensors"]
-)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ MALFORMED = [
 ]
 
 
-@QUANTIZATION_PATHS
+@on_both_quantization_paths
 @pytest.mark.parametrize(
     ("shard", "kind", "expected", "malformed"),
     [case[1:] for case in MALFORMED],
@@ -113,7 +114,7 @@ def test_malformed_tensor_is_refused_before_any_copy(
     assert_unchanged(experts, before)
 
 
-@QUANTIZATION_PATHS
+@on_both_quantization_paths
 def test_duplicated_tensor_is_refused_before_any_copy(
     build_kimi_moe, checkpoint, quantization
 ):
@@ -130,7 +131,7 @@ def test_duplicated_tensor_is_refused_before_any_copy(
     assert_unchanged(experts, before)
 
 
-@QUANTIZATION_PATHS
+@on_both_quantization_paths
 @pytest.mark.parametrize(
     ("omitted", "listed"),
     [
@@ -179,7 +180,7 @@ def test_completeness_runs_before_weight_processing(build_kimi_moe, checkpoint):
         experts.quant_method.process_weights_after_loading(experts)
 
 
-@QUANTIZATION_PATHS
+@on_both_quantization_paths
 def test_complete_checkpoint_passes(build_kimi_moe, checkpoint, quantization):
     experts = build(build_kimi_moe, quantization)
     load_checkpoint(experts, checkpoint)
