@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from vllm_kimi_k3_moe.kimi_k3_text_config import (
     KIMI_K3_MOE_TEXT_CONFIG,
@@ -100,22 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="tensor-parallel sizes, one table row each (default: 8 16 32)",
     )
-    plan.add_argument(
-        "--dp",
-        "--data-parallel-size",
-        dest="dp_size",
-        type=_positive_int,
-        default=1,
-        metavar="N",
-        help="data-parallel size (default: 1)",
-    )
-    plan.add_argument(
-        "--ep",
-        "--enable-expert-parallel",
-        dest="expert_parallel",
-        action="store_true",
-        help="expert parallelism over TP x DP GPUs, as vLLM's flag of that name",
-    )
+    _add_dp_and_ep(plan)
     plan.add_argument(
         "--moe-backend",
         default="marlin",
@@ -140,12 +125,84 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--json", action="store_true", help="print JSON instead of the table"
     )
+    _add_check_command(commands)
     return parser
 
 
-def _fail(message: str) -> NoReturn:
-    print(f"vllm-kimi-k3-moe plan: error: {message}", file=sys.stderr)
+def _add_dp_and_ep(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--dp",
+        "--data-parallel-size",
+        dest="dp_size",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="data-parallel size (default: 1)",
+    )
+    command.add_argument(
+        "--ep",
+        "--enable-expert-parallel",
+        dest="expert_parallel",
+        action="store_true",
+        help="expert parallelism over TP x DP GPUs, as vLLM's flag of that name",
+    )
+
+
+def _add_check_command(commands: Any) -> None:
+    check = commands.add_parser(
+        "check",
+        help="preflight a Kimi-K3 checkpoint before the first launch",
+        description=(
+            "Verify, from config.json and the safetensors shard headers only "
+            "(never the tensor data; seconds for the full 1.56 TB release), "
+            "that every routed expert of every MoE layer (MTP draft included) "
+            "has its gate/up/down weight_packed and weight_scale tensors, "
+            "present once, uint8, with the logical MXFP4 shape, under the "
+            "names vLLM's Kimi-K3 loader maps, and that the topology splits "
+            "the experts evenly. Prints a summary, each GPU's share and every "
+            "problem with the tensor name and the expected and actual shape."
+        ),
+        epilog=(
+            "Exit status: 0 no problem, 1 problems found (listed), 2 unusable "
+            "input (no such directory, no config.json or shards, not an MXFP4 "
+            "checkpoint, unknown option value)."
+        ),
+    )
+    check.add_argument(
+        "checkpoint",
+        type=Path,
+        metavar="CHECKPOINT_DIR",
+        help="directory with config.json, model.safetensors.index.json and "
+        "the shards (the files vLLM would load)",
+    )
+    check.add_argument(
+        "--tp",
+        "--tensor-parallel-size",
+        dest="tp_size",
+        type=_positive_int,
+        default=32,
+        metavar="N",
+        help="tensor-parallel size (default: 32)",
+    )
+    _add_dp_and_ep(check)
+    check.add_argument(
+        "--moe-backend",
+        metavar="NAME",
+        help="also report what vLLM 0.33.0 allocates per GPU on this MXFP4 "
+        "kernel, upstream and with this plugin, by building its MoE layer on "
+        "the meta device (imports vLLM: about a minute). Names as for plan",
+    )
+
+
+def _fail(command: str, message: str) -> NoReturn:
+    print(f"vllm-kimi-k3-moe {command}: error: {message}", file=sys.stderr)
     raise SystemExit(USAGE_ERROR)
+
+
+def _send_vllm_logs_to_stderr() -> None:
+    """vLLM logs to stdout by default; keep stdout for the command's output."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -168,11 +225,9 @@ def run_plan(args: argparse.Namespace) -> int:
         for deployment in deployments:  # all input errors before the slow part
             validate(text_config, deployment)
     except (ConfigFileError, PlanError) as error:
-        _fail(str(error))
+        _fail("plan", str(error))
 
-    # vLLM logs to stdout by default; keep stdout for the table or the JSON.
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    _send_vllm_logs_to_stderr()
     from vllm_kimi_k3_moe.plan import plan
     from vllm_kimi_k3_moe.plan_report import as_json, table
 
@@ -189,16 +244,50 @@ def run_plan(args: argparse.Namespace) -> int:
                 )
             plans.append(plan(text_config, deployment))
     except PlanError as error:
-        _fail(str(error))
+        _fail("plan", str(error))
     render = as_json if args.json else table
     print(render(plans, args.gpu_memory_gib))
     return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from vllm_kimi_k3_moe.checkpoint_preflight import PreflightInputError, preflight
+    from vllm_kimi_k3_moe.checkpoint_report import allocation, summary, verdict
+
+    backend = None if args.moe_backend is None else args.moe_backend.lower()
+    try:
+        report = preflight(
+            args.checkpoint, args.tp_size, args.dp_size, args.expert_parallel, backend
+        )
+    except PreflightInputError as error:
+        _fail("check", str(error))
+    print("\n".join(summary(report)), flush=True)
+    if backend is not None and report.share is not None:
+        print(f"building vLLM's MoE layer for {backend} ...", file=sys.stderr)
+        _send_vllm_logs_to_stderr()
+        from vllm_kimi_k3_moe.plan import plan
+
+        deployment = Deployment(
+            tp_size=args.tp_size,
+            dp_size=args.dp_size,
+            expert_parallel=args.expert_parallel,
+            backend=backend,
+            quantization=report.layout.quantization,
+        )
+        try:
+            print("\n".join(allocation(plan(report.layout.text_config, deployment))))
+        except PlanError as error:
+            _fail("check", str(error))
+    print("\n".join(verdict(report)))
+    return 1 if report.problems else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "plan":
         return run_plan(args)
+    if args.command == "check":
+        return run_check(args)
     raise AssertionError(f"unhandled command {args.command!r}")
 
 

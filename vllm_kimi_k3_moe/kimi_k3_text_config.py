@@ -41,6 +41,8 @@ REQUIRED_FIELDS = (
     "num_experts_per_token",
     "num_hidden_layers",
 )
+# Read from a config.json when set, beyond the embedded fields.
+OPTIONAL_FIELDS = ("num_nextn_predict_layers",)  # MTP draft layers, after the main ones
 # Integer fields and their smallest valid value, checked when set.
 INTEGER_FIELDS = {
     **dict.fromkeys(REQUIRED_FIELDS, 1),
@@ -48,6 +50,7 @@ INTEGER_FIELDS = {
     "num_shared_experts": 0,
     "first_k_dense_replace": 0,
     "moe_layer_freq": 1,
+    "num_nextn_predict_layers": 0,
 }
 
 
@@ -62,19 +65,32 @@ def kimi_k3_text_config(**overrides: Any) -> Any:
     return KimiLinearConfig(**{**KIMI_K3_MOE_TEXT_CONFIG, **overrides})
 
 
-def moe_layer_count(text_config: dict[str, Any]) -> int:
-    """MoE layers of the main model, chosen as vLLM's ``KimiDecoderLayer`` does."""
+def _is_moe_layer(text_config: dict[str, Any], index: int) -> bool:
+    """As vLLM's ``KimiDecoderLayer`` decides (the MTP block's layer too)."""
     first = text_config.get("first_k_dense_replace", 0)
-    every = text_config.get("moe_layer_freq", 1)
-    return sum(
-        1
-        for index in range(text_config["num_hidden_layers"])
-        if index >= first and index % every == 0
-    )
+    return index >= first and index % text_config.get("moe_layer_freq", 1) == 0
 
 
-def read_text_config(path: Path) -> dict[str, Any]:
-    """The MoE fields of the text config in a Hugging Face ``config.json``."""
+def main_moe_layers(text_config: dict[str, Any]) -> list[int]:
+    """Indices of the main model's MoE layers."""
+    layers = range(text_config["num_hidden_layers"])
+    return [index for index in layers if _is_moe_layer(text_config, index)]
+
+
+def moe_layer_count(text_config: dict[str, Any]) -> int:
+    return len(main_moe_layers(text_config))
+
+
+def mtp_moe_layers(text_config: dict[str, Any]) -> list[int]:
+    """Indices of the MTP draft's MoE layers, numbered after the main model's
+    layers as the checkpoint names them."""
+    first = text_config["num_hidden_layers"]
+    count = text_config.get("num_nextn_predict_layers", 0)
+    return [i for i in range(first, first + count) if _is_moe_layer(text_config, i)]
+
+
+def read_config_document(path: Path) -> dict[str, Any]:
+    """The JSON object in a Hugging Face ``config.json``."""
     try:
         document = json.loads(path.read_text())
     except FileNotFoundError:
@@ -85,6 +101,12 @@ def read_text_config(path: Path) -> dict[str, Any]:
         raise ConfigFileError(f"config file {path} is not JSON: {error}") from None
     if not isinstance(document, dict):
         raise ConfigFileError(f"config file {path} does not hold a JSON object")
+    return document
+
+
+def text_config_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The validated MoE fields of a config document's language model (nested
+    under ``text_config`` in Kimi-K3's multimodal config)."""
     nested = "text_config" in document
     text_config = document["text_config"] if nested else document
     where = "text_config" if nested else "the top level"
@@ -106,6 +128,11 @@ def read_text_config(path: Path) -> dict[str, Any]:
             )
     return {
         name: text_config[name]
-        for name in KIMI_K3_MOE_TEXT_CONFIG
+        for name in (*KIMI_K3_MOE_TEXT_CONFIG, *OPTIONAL_FIELDS)
         if text_config.get(name) is not None
     }
+
+
+def read_text_config(path: Path) -> dict[str, Any]:
+    """The MoE fields of the text config in a Hugging Face ``config.json``."""
+    return text_config_fields(read_config_document(path), path)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm_kimi_k3_moe.kimi_k3_text_config import moe_layer_count
+from vllm_kimi_k3_moe.mxfp4_expert_layout import MXFP4_BLOCK
 from vllm_kimi_k3_moe.simulated_rank import QUANTIZATION_PATHS
 
 # vLLM's Mxfp4MoeBackend members that run on NVIDIA GPUs (ROCm, XPU and CPU
@@ -82,41 +83,57 @@ def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
             f"tensor- and data-parallel sizes must be at least 1, got "
             f"TP {deployment.tp_size} and DP {deployment.dp_size}"
         )
-    backends = BACKENDS.get(deployment.quantization)
+    validate_backend(deployment.quantization, deployment.backend)
+    validate_topology(
+        text_config, deployment.tp_size, deployment.dp_size, deployment.expert_parallel
+    )
+
+
+def validate_backend(quantization: str, backend: str) -> None:
+    """Refuse a quantization path or MoE backend the planner does not know."""
+    backends = BACKENDS.get(quantization)
     if backends is None:
         raise PlanError(
-            f"unknown quantization path {deployment.quantization!r}; "
+            f"unknown quantization path {quantization!r}; "
             f"choose one of {', '.join(BACKENDS)}"
         )
-    if deployment.backend == "auto":
+    if backend == "auto":
         raise PlanError(
             "--moe-backend auto is resolved by vLLM from the GPU it starts on; "
             "name the kernel your deployment runs (vLLM logs it at startup), "
             "e.g. --moe-backend marlin"
         )
-    if deployment.backend not in backends:
+    if backend not in backends:
         raise PlanError(
-            f"unknown MoE backend {deployment.backend!r} for "
-            f"{deployment.quantization}; choose one of {', '.join(backends)}"
+            f"unknown MoE backend {backend!r} for {quantization}; "
+            f"choose one of {', '.join(backends)}"
         )
-    gpus = deployment.gpus
-    if deployment.expert_parallel:
+
+
+def validate_topology(
+    text_config: dict[str, Any], tp_size: int, dp_size: int, expert_parallel: bool
+) -> None:
+    """Refuse a topology that does not split the routed experts evenly: the
+    experts over the expert-parallel GPUs, or else every expert's
+    intermediate size over all GPUs in whole MXFP4 scale blocks."""
+    gpus = tp_size * dp_size
+    split = f"TP {tp_size} x DP {dp_size}"
+    if expert_parallel:
         experts = text_config["num_experts"]
         if experts % gpus:
             raise PlanError(
                 f"{experts} routed experts do not split evenly over {gpus} "
-                f"expert-parallel GPUs (TP {deployment.tp_size} x DP "
-                f"{deployment.dp_size})"
+                f"expert-parallel GPUs ({split})"
             )
-    else:
-        intermediate = text_config["moe_intermediate_size"]
-        if intermediate % gpus:
-            raise PlanError(
-                f"moe_intermediate_size {intermediate} does not split evenly "
-                f"over {gpus} GPUs (TP {deployment.tp_size} x DP "
-                f"{deployment.dp_size}; without expert parallelism vLLM shards "
-                "every expert over all of them)"
-            )
+        return
+    intermediate = text_config["moe_intermediate_size"]
+    if intermediate % (gpus * MXFP4_BLOCK):
+        raise PlanError(
+            f"moe_intermediate_size {intermediate} does not split evenly over "
+            f"{gpus} GPUs ({split}) in whole MXFP4 scale blocks of {MXFP4_BLOCK} "
+            "values; without expert parallelism vLLM shards every expert over "
+            "all of them"
+        )
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,15 @@ def marlin_without_gpu() -> Iterator[None]:
 
 
 QUANTIZATION_PATHS = ("mxfp4", "compressed-tensors")
+# compressed-tensors' description of MXFP4 weights: FP4 in groups of 32
+MXFP4_WEIGHT_ARGS = {
+    "num_bits": 4,
+    "type": "float",
+    "strategy": "group",
+    "group_size": 32,
+    "symmetric": True,
+    "dynamic": False,
+}
 
 # A compressed-tensors MXFP4 block that vLLM does not rewrite to native MXFP4
 # (only format "mxfp4-pack-quantized" is). It targets the routed experts only:
@@ -94,14 +103,7 @@ COMPRESSED_TENSORS_MXFP4_EXPERTS = {
     "config_groups": {
         "routed_experts": {
             "targets": [r"re:.*\.experts\.\d+\..+"],
-            "weights": {
-                "num_bits": 4,
-                "type": "float",
-                "strategy": "group",
-                "group_size": 32,
-                "symmetric": True,
-                "dynamic": False,
-            },
+            "weights": MXFP4_WEIGHT_ARGS,
             "input_activations": None,
             "format": "pack-quantized",
         }
@@ -159,11 +161,25 @@ def mxfp4_backend_chosen(quantization: str, backend: str) -> Iterator[None]:
         yield
 
 
-def rank_vllm_config(topology: Topology, quantization: str = "mxfp4") -> Any:
-    """A fresh MXFP4 ``VllmConfig`` on Marlin for ``topology`` (vLLM refuses
-    two layers with one name under one config)."""
-    from vllm.config import DeviceConfig, VllmConfig
+def rank_vllm_config(
+    topology: Topology, quantization: str = "mxfp4", model_config: Any = None
+) -> Any:
+    """A fresh ``VllmConfig`` on Marlin for ``topology`` (vLLM refuses two
+    layers with one name under one config): MXFP4 of ``quantization``'s path,
+    or, given a checkpoint's ``ModelConfig``, what vLLM resolves from it."""
+    from vllm.config import DeviceConfig, KernelConfig, ParallelConfig, VllmConfig
 
+    if model_config is not None:
+        return VllmConfig(
+            model_config=model_config,
+            device_config=DeviceConfig(device="cpu"),
+            parallel_config=ParallelConfig(
+                tensor_parallel_size=topology.tp_size,
+                data_parallel_size=topology.dp_size,
+                enable_expert_parallel=topology.expert_parallel,
+            ),
+            kernel_config=KernelConfig(moe_backend="marlin"),
+        )
     vllm_config = VllmConfig(
         device_config=DeviceConfig(device="cpu"),
         quant_config=quant_config(quantization),
@@ -177,7 +193,11 @@ def rank_vllm_config(topology: Topology, quantization: str = "mxfp4") -> Any:
 
 
 def build_kimi_moe_layer(
-    kimi_moe_cls: type, config: Any, vllm_config: Any, device: str = "meta"
+    kimi_moe_cls: type,
+    config: Any,
+    vllm_config: Any,
+    device: str = "meta",
+    prefix: str = "model.layers.1.block_sparse_moe",
 ) -> Any:
     """Construct ``kimi_moe_cls`` the way ``KimiDecoderLayer`` does, under
     ``vllm_config`` and on ``device`` (``meta``: real shapes, no memory)."""
@@ -186,8 +206,5 @@ def build_kimi_moe_layer(
 
     with set_current_vllm_config(vllm_config), torch.device(device):
         return kimi_moe_cls(
-            config,
-            vllm_config,
-            quant_config=vllm_config.quant_config,
-            prefix="model.layers.1.block_sparse_moe",
+            config, vllm_config, quant_config=vllm_config.quant_config, prefix=prefix
         )

@@ -60,7 +60,8 @@ def kimi_k3_text_config(*, small: bool = False):
 @pytest.fixture
 def rank_config() -> Iterator[Callable[..., object]]:
     """Pose as one rank of a topology and return its MXFP4 Marlin
-    ``VllmConfig`` (native MXFP4 unless ``quantization="compressed-tensors"``).
+    ``VllmConfig`` (native MXFP4 unless ``quantization="compressed-tensors"``;
+    given a checkpoint's ``model_config``, vLLM's own resolution of it).
     The stand-ins (``vllm_kimi_k3_moe.simulated_rank``) cover what a CPU box
     lacks: torch.distributed groups (layers read their size and rank) and a
     CUDA device for vLLM's Marlin device check (the tests pick Marlin as
@@ -68,9 +69,11 @@ def rank_config() -> Iterator[Callable[..., object]]:
     with ExitStack() as stack:
         stack.enter_context(marlin_without_gpu())
 
-        def make(topology: Topology, quantization: str = "mxfp4") -> object:
+        def make(
+            topology: Topology, quantization: str = "mxfp4", model_config=None
+        ) -> object:
             stack.enter_context(simulated_rank(topology))
-            return rank_vllm_config(topology, quantization)
+            return rank_vllm_config(topology, quantization, model_config)
 
         yield make
 
@@ -125,3 +128,45 @@ def decoder_layer_on_cpu(
 ) -> None:
     monkeypatch.setattr(kimi_model, "MultiHeadLatentAttention", AttentionStandIn)
     monkeypatch.setattr(torch.cuda, "Stream", CudaStreamStandIn)
+
+
+@pytest.fixture(scope="session")
+def moe_layers_only_model(kimi_model: ModuleType) -> Callable[..., nn.Module]:
+    """Build Kimi-K3's module tree with only its MoE layers, for loading a
+    checkpoint. Stands in for ``KimiK3ForConditionalGeneration``, whose
+    attention, KDA and vision tower pick kernels for the current platform at
+    construction, which a CPU box lacks. What is real: every ``KimiMoE`` (at
+    ``language_model.model.layers.N.block_sparse_moe``, built as
+    ``KimiDecoderLayer`` builds it) and ``KimiLinearModel.load_weights``, with
+    its Kimi-K3 expert name mapping, reached through vLLM's
+    ``AutoWeightsLoader`` with ``KimiK3ForConditionalGeneration``'s mapper."""
+
+    class MoeLayersOnlyTextModel(kimi_model.KimiLinearModel):
+        def __init__(self, config, layers: nn.ModuleList) -> None:
+            nn.Module.__init__(self)  # none of KimiLinearModel's own layers
+            self.config = config
+            self.layers = layers
+
+    def build(vllm_config, kimi_moe_cls: type) -> nn.Module:
+        config = vllm_config.model_config.hf_text_config
+        layers = nn.ModuleList()
+        for index in range(config.num_hidden_layers):
+            layer = nn.Module()
+            if (
+                index >= config.first_k_dense_replace
+                and index % config.moe_layer_freq == 0
+            ):
+                layer.block_sparse_moe = build_kimi_moe_layer(
+                    kimi_moe_cls,
+                    config,
+                    vllm_config,
+                    device="cpu",
+                    prefix=f"language_model.model.layers.{index}.block_sparse_moe",
+                )
+            layers.append(layer)
+        model = nn.Module()
+        model.language_model = nn.Module()
+        model.language_model.model = MoeLayersOnlyTextModel(config, layers)
+        return model
+
+    return build

@@ -154,6 +154,8 @@ def write(tmp_path, content: str):
 BAD_INPUT = [
     # (case, arguments, words the one-line error must contain)
     ("tp not dividing 3072", ["--tp", "7"], ["3072", "7 GPUs"]),
+    # 3072 / 64 = 48 rows per GPU: an MXFP4 scale block would straddle two GPUs
+    ("tp splitting scale blocks", ["--tp", "64"], ["3072", "64 GPUs", "blocks of 32"]),
     ("tp x dp not dividing", ["--tp", "8", "--dp", "5"], ["3072", "40 GPUs"]),
     ("ep not dividing 896", ["--tp", "6", "--ep"], ["896", "6"]),
     ("tp zero", ["--tp", "0"], ["'0'", "positive"]),
@@ -248,8 +250,8 @@ def test_console_script_is_installed_and_fails_fast():
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [
         "vllm-kimi-k3-moe plan: error: moe_intermediate_size 3072 does not split "
-        "evenly over 7 GPUs (TP 7 x DP 1; without expert parallelism vLLM shards "
-        "every expert over all of them)"
+        "evenly over 7 GPUs (TP 7 x DP 1) in whole MXFP4 scale blocks of 32 values; "
+        "without expert parallelism vLLM shards every expert over all of them"
     ]
 
 

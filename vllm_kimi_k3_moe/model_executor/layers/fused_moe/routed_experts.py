@@ -51,8 +51,8 @@ from typing import Any
 import torch
 from torch import nn
 
-MXFP4_VALUES_PER_BYTE = 2
-MXFP4_BLOCK = 32
+from vllm_kimi_k3_moe.mxfp4_expert_layout import expert_tensor_shape
+
 # Expert parameters of the MXFP4 methods: "w13_weight_packed" -> (w13, weight_packed)
 _EXPERT_PARAMETER = re.compile(r"(w13|w2)_(weight(?:_packed|_scale)?)")
 
@@ -88,14 +88,12 @@ class StrictExpertLoading:
         return f"{self.layer_name}.{expert_slice}"
 
     def expected_shape(self, expert_slice: ExpertSlice) -> tuple[int, int]:
-        per_byte = (
-            MXFP4_BLOCK
-            if expert_slice.suffix == "weight_scale"
-            else MXFP4_VALUES_PER_BYTE
+        return expert_tensor_shape(
+            expert_slice.shard,
+            expert_slice.suffix,
+            self.hidden_size,
+            self.intermediate_size,
         )
-        if expert_slice.shard == "w2":
-            return (self.hidden_size, self.intermediate_size // per_byte)
-        return (self.intermediate_size, self.hidden_size // per_byte)
 
     def is_local(self, expert_id: int) -> bool:
         return bool(self.experts.expert_map_manager.is_local_expert(expert_id))

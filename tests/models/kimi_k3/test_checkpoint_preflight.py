@@ -1,0 +1,402 @@
+"""``vllm-kimi-k3-moe check``: the header-only preflight of a Kimi-K3 checkpoint.
+
+Checkpoints are generated in Kimi-K3's format (``kimi_k3_checkpoint``), clean
+or with one corruption, and written with safetensors' own writer; the
+end-to-end test proves the generator's names are the ones vLLM's Kimi-K3
+loader maps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from tests.models.kimi_k3.kimi_k3_checkpoint import (
+    KimiK3Spec,
+    checkpoint_tensors,
+    expert_tensor_name,
+    shard_name,
+    split_into_shards,
+    write_checkpoint,
+    write_header_only_checkpoint,
+)
+from vllm_kimi_k3_moe.cli import main
+
+SPEC = KimiK3Spec()
+Shards = list[dict[str, torch.Tensor]]
+
+
+@pytest.fixture(scope="module")
+def clean_shards() -> Shards:
+    return split_into_shards(checkpoint_tensors(SPEC), SPEC.shards)
+
+
+@pytest.fixture
+def write(tmp_path: Path, clean_shards: Shards) -> Callable[..., Path]:
+    """Write the generated checkpoint, after ``corrupt`` edits a copy of it."""
+
+    def write_variant(corrupt: Callable[[Shards], None] | None = None) -> Path:
+        shards = [dict(shard) for shard in clean_shards]
+        if corrupt is not None:
+            corrupt(shards)
+        write_checkpoint(tmp_path, SPEC, shards)
+        return tmp_path
+
+    return write_variant
+
+
+def check(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    status = main(["check", *args])
+    return status, capsys.readouterr().out
+
+
+def holding(shards: Shards, name: str) -> dict[str, torch.Tensor]:
+    return next(shard for shard in shards if name in shard)
+
+
+def remove(*names: str) -> Callable[[Shards], None]:
+    def corrupt(shards: Shards) -> None:
+        for name in names:
+            del holding(shards, name)[name]
+
+    return corrupt
+
+
+def replace(name: str, tensor: torch.Tensor) -> Callable[[Shards], None]:
+    def corrupt(shards: Shards) -> None:
+        holding(shards, name)[name] = tensor
+
+    return corrupt
+
+
+def add(name: str, tensor: torch.Tensor) -> Callable[[Shards], None]:
+    def corrupt(shards: Shards) -> None:
+        shards[-1][name] = tensor
+
+    return corrupt
+
+
+def also_in_last_shard(name: str) -> Callable[[Shards], None]:
+    def corrupt(shards: Shards) -> None:
+        shards[-1][name] = holding(shards, name)[name].clone()
+
+    return corrupt
+
+
+def bytes_of(*shape: int) -> torch.Tensor:
+    return torch.ones(shape, dtype=torch.uint8)
+
+
+EXPERT_5 = [
+    expert_tensor_name(2, 5, projection, kind)
+    for projection in ("w1", "w3", "w2")
+    for kind in ("weight_packed", "weight_scale")
+]
+# one tensor per corruption, so that all of them can be applied at once
+W2_SCALE = expert_tensor_name(1, 3, "w2", "weight_scale")
+W2_SCALE_BF16 = expert_tensor_name(1, 1, "w2", "weight_scale")
+GATE = expert_tensor_name(1, 0, "w1", "weight_packed")
+GATE_SWAPPED = expert_tensor_name(2, 0, "w1", "weight_packed")
+UP = expert_tensor_name(2, 6, "w3", "weight_packed")
+DOWN = expert_tensor_name(2, 7, "w2", "weight_packed")
+UP_TWICE = expert_tensor_name(1, 0, "w3", "weight_packed")  # in the first shard
+MTP_SCALE = expert_tensor_name(3, 4, "w1", "weight_scale")
+
+# (corruption, the lines check must print: each names the tensor)
+CORRUPTIONS = {
+    "missing expert": (
+        remove(*EXPERT_5),
+        [f"missing: {name}: expected" for name in EXPERT_5],
+    ),
+    "missing scale": (
+        remove(W2_SCALE),
+        [f"missing: {W2_SCALE}: expected [256, 96] U8"],
+    ),
+    "missing MTP-layer scale": (
+        remove(MTP_SCALE),
+        [f"missing: {MTP_SCALE}: expected [3072, 8] U8"],
+    ),
+    "truncated intermediate": (
+        replace(GATE, bytes_of(3000, 128)),
+        [f"shape: {GATE}: is [3000, 128], expected [3072, 128]"],
+    ),
+    "truncated down intermediate": (
+        replace(DOWN, bytes_of(256, 1024)),
+        [f"shape: {DOWN}: is [256, 1024], expected [256, 1536]"],
+    ),
+    "gate stored with swapped dimensions": (
+        replace(GATE_SWAPPED, bytes_of(128, 3072)),
+        [f"shape: {GATE_SWAPPED}: is [128, 3072], expected [3072, 128]"],
+    ),
+    "up stored in down's layout": (
+        replace(UP, bytes_of(256, 1536)),
+        [f"shape: {UP}: is [256, 1536], expected [3072, 128]"],
+    ),
+    "duplicate across shards": (
+        also_in_last_shard(UP_TWICE),
+        [
+            f"duplicate: {UP_TWICE}: in {shard_name(0, 3)} and {shard_name(2, 3)}; "
+            "vLLM would load it twice"
+        ],
+    ),
+    "wrong dtype": (
+        replace(W2_SCALE_BF16, torch.ones((256, 96), dtype=torch.bfloat16)),
+        [f"dtype: {W2_SCALE_BF16}: is BF16, expected U8"],
+    ),
+    "expert beyond num_experts": (
+        add(expert_tensor_name(1, 8, "w1", "weight_packed"), bytes_of(3072, 128)),
+        [f"unexpected: {expert_tensor_name(1, 8, 'w1', 'weight_packed')}: looks like"],
+    ),
+    "tensor vLLM has no parameter for": (
+        add(expert_tensor_name(1, 2, "w1", "weight_global_scale"), bytes_of(1)),
+        [f"unexpected: {expert_tensor_name(1, 2, 'w1', 'weight_global_scale')}"],
+    ),
+}
+
+
+def test_a_clean_checkpoint_passes_and_is_summarised(write, capsys) -> None:
+    status, out = check(capsys, str(write()))
+    assert status == 0, out
+    assert (
+        "compressed-tensors mxfp4-pack-quantized; vLLM loads it as native MXFP4" in out
+    )
+    assert "3 headers read (no tensor data)" in out
+    assert "2 MoE layers (1, 2) + 1 MTP (3)" in out
+    assert "144 expected, 144 found and checked" in out  # 3 layers x 8 x 6
+    # 8 experts x 3 layers x (2 x (3072x128 + 3072x8) + 256x1536 + 256x96) bytes
+    routed = 8 * 3 * (2 * (3072 * 128 + 3072 * 8) + 256 * 1536 + 256 * 96)
+    assert f"{routed / 1e6:.2f} MB of it routed experts" in out
+    assert "TP32 without expert parallelism: all 8 experts, 96 of 3072 " in out
+    assert "(GPU r: rows 96r to 96r+95)" in out
+    assert f"{routed / 32 / 1e3:.2f} kB of routed-expert checkpoint data" in out
+    assert out.rstrip().splitlines()[-1].startswith("OK ")
+
+
+@pytest.mark.parametrize("variant", CORRUPTIONS)
+def test_each_corruption_is_reported_by_tensor_name(variant, write, capsys) -> None:
+    corrupt, expected_lines = CORRUPTIONS[variant]
+    status, out = check(capsys, str(write(corrupt)))
+    assert status == 1, out
+    for line in expected_lines:
+        assert f"\n  {line}" in out, f"{line!r} not in:\n{out}"
+    assert f"{len(expected_lines)} problem" in out
+    assert out.rstrip().splitlines()[-1].startswith("FAILED ")
+
+
+def test_every_problem_is_listed_not_just_the_first(write, capsys) -> None:
+    def all_at_once(shards: Shards) -> None:
+        for corrupt, _ in CORRUPTIONS.values():
+            corrupt(shards)
+
+    status, out = check(capsys, str(write(all_at_once)))
+    assert status == 1
+    expected = [line for _, lines in CORRUPTIONS.values() for line in lines]
+    for line in expected:
+        assert f"\n  {line}" in out, line
+    assert f"{len(expected)} problems (" in out
+
+
+def test_a_truncated_shard_is_reported(write, capsys) -> None:
+    directory = write()
+    shard = directory / shard_name(1, 3)
+    size = shard.stat().st_size
+    with shard.open("r+b") as file:
+        file.truncate(size - 1000)
+    status, out = check(capsys, str(directory))
+    assert status == 1
+    assert (
+        f"shard: {shard.name}: is {size - 1000} bytes, its header describes {size}"
+        in out
+    )
+
+
+def test_a_shard_missing_from_disk_is_reported(write, capsys) -> None:
+    directory = write()
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    lost = [n for n, s in index["weight_map"].items() if s == shard_name(2, 3)]
+    (directory / shard_name(2, 3)).unlink()
+    status, out = check(capsys, str(directory))
+    assert status == 1
+    assert f"shard: {shard_name(2, 3)}: is named in the index but missing" in out
+    lost_experts = [name for name in lost if ".experts." in name]
+    assert lost_experts
+    for name in lost_experts:  # and what it held
+        assert f"missing: {name}: expected" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--tp", "64"],
+            "moe_intermediate_size 3072 does not split evenly over 64 GPUs "
+            "(TP 64 x DP 1) in whole MXFP4 scale blocks of 32",
+        ),
+        (["--tp", "8", "--dp", "5"], "over 40 GPUs (TP 8 x DP 5)"),
+        (["--tp", "3", "--ep"], "8 routed experts do not split evenly over 3"),
+    ],
+)
+def test_a_topology_that_does_not_divide_the_model_is_a_problem(
+    args, expected, write, capsys
+) -> None:
+    status, out = check(capsys, str(write()), *args)
+    assert status == 1
+    assert expected in out
+    assert "does not divide the model" in out
+
+
+def test_expert_parallel_share(write, capsys) -> None:
+    status, out = check(capsys, str(write()), "--tp", "4", "--ep")
+    assert status == 0
+    assert (
+        "TP4 with expert parallelism: 2 of 8 experts (GPU r: experts 2r to 2r+1)" in out
+    )
+
+
+def set_quantization(directory: Path, quantization_config) -> None:
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"] = quantization_config
+    config_path.write_text(json.dumps(config))
+
+
+def test_other_compressed_tensors_mxfp4_formats_take_vllms_ct_path(
+    write, capsys
+) -> None:
+    directory = write()
+    config = SPEC.config()["quantization_config"]
+    set_quantization(directory, {**config, "format": "pack-quantized"})
+    status, out = check(capsys, str(directory))
+    assert status == 0
+    assert "vLLM loads it with its compressed-tensors MXFP4 method" in out
+
+
+def no_directory(directory: Path) -> Path:
+    return directory / "nowhere"
+
+
+def no_config(directory: Path) -> Path:
+    (directory / "config.json").unlink()
+    return directory
+
+
+def unquantized(directory: Path) -> Path:
+    set_quantization(directory, None)
+    return directory
+
+
+def fp8(directory: Path) -> Path:
+    set_quantization(directory, {"quant_method": "fp8"})
+    return directory
+
+
+def no_shards(directory: Path) -> Path:
+    for path in directory.glob("*.safetensors*"):
+        path.unlink()
+    return directory
+
+
+def unreadable_index(directory: Path) -> Path:
+    (directory / "model.safetensors.index.json").write_text("{")
+    return directory
+
+
+def test_a_text_only_checkpoint_is_read_under_model_layers(write, capsys) -> None:
+    """Without a nested text_config, vLLM's Kimi text model loads
+    ``model.layers.N...``; the multimodal names are then unexpected."""
+
+    def rename(shards: Shards) -> None:
+        for shard in shards:
+            for name in [n for n in shard if n.startswith("language_model.layers.")]:
+                shard["model." + name.removeprefix("language_model.")] = shard.pop(name)
+
+    directory = write(rename)
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    flat = {
+        **config.pop("text_config"),
+        "quantization_config": config["quantization_config"],
+    }
+    config_path.write_text(json.dumps(flat))
+    status, out = check(capsys, str(directory))
+    assert status == 0, out
+    assert "144 expected, 144 found" in out
+
+    write_checkpoint(directory, SPEC)  # multimodal names again, flat config kept
+    config_path.write_text(json.dumps(flat))
+    status, out = check(capsys, str(directory))
+    assert status == 1
+    assert "missing: model.layers.1.block_sparse_moe.experts.0.w1.weight_packed" in out
+    assert f"unexpected: {GATE}: " in out
+
+
+@pytest.mark.parametrize(
+    ("make_input", "expected"),
+    [
+        (no_directory, "does not exist"),
+        (no_config, "config.json does not exist"),
+        (unquantized, "has no quantization_config: check verifies MXFP4 checkpoints"),
+        (fp8, "quantization_config.quant_method is 'fp8'"),
+        (no_shards, "holds neither model.safetensors.index.json nor *.safetensors"),
+        (unreadable_index, "is not a usable safetensors index"),
+    ],
+)
+def test_unusable_input_is_one_line_and_status_2(
+    make_input, expected, write, capsys
+) -> None:
+    directory = make_input(write())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", str(directory)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [("auto", "resolved by vLLM from the GPU"), ("cutlass", "unknown MoE backend")],
+)
+def test_a_bad_moe_backend_is_refused_before_reading_shards(
+    backend, expected, write, capsys
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", str(write()), "--moe-backend", backend])
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_moe_backend_adds_vllms_own_allocation(kimi_model, write, capsys) -> None:
+    status, out = check(capsys, str(write()), "--moe-backend", "marlin")
+    assert status == 0
+    assert (
+        "on marlin, by vLLM 0.33.0's own layer: 128 intermediate rows per expert "
+        "with this plugin (upstream 256)"
+    ) in out
+
+
+def test_header_only_checkpoints_are_what_safetensors_reads(tmp_path, capsys) -> None:
+    """The benchmark's real-size header set is written by hand; at tiny size,
+    safetensors itself must read it as the generated tensors, and check must
+    pass it."""
+    count = write_header_only_checkpoint(tmp_path, SPEC)
+    tensors = checkpoint_tensors(SPEC)
+    assert count == len(tensors)
+    seen = 0
+    for shard in sorted(tmp_path.glob("*.safetensors")):
+        with safe_open(shard, "pt") as file:
+            for name in file.keys():  # noqa: SIM118 (safe_open is no dict)
+                sliced = file.get_slice(name)
+                assert sliced.get_shape() == list(tensors[name].shape), name
+                assert sliced.get_dtype() == {torch.uint8: "U8"}.get(
+                    tensors[name].dtype, "BF16"
+                )
+                seen += 1
+    assert seen == len(tensors)
+    status, out = check(capsys, str(tmp_path))
+    assert status == 0, out

@@ -1,0 +1,102 @@
+"""What ``vllm-kimi-k3-moe check`` prints for a ``PreflightReport``."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from vllm_kimi_k3_moe.checkpoint_preflight import (
+    EXPERT_KINDS,
+    PreflightReport,
+    layer_ranges,
+)
+from vllm_kimi_k3_moe.mxfp4_expert_layout import PROJECTIONS
+from vllm_kimi_k3_moe.plan import MoeMemoryPlan
+
+
+def _bytes(count: int) -> str:
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if count >= size:
+            return f"{count / size:.2f} {unit}"
+    return f"{count} bytes"
+
+
+def _topology(report: PreflightReport) -> str:
+    label = f"TP{report.tp_size}"
+    if report.dp_size > 1:
+        label += f" x DP{report.dp_size}"
+    parallel = "with" if report.expert_parallel else "without"
+    return f"{label} {parallel} expert parallelism"
+
+
+def summary(report: PreflightReport) -> list[str]:
+    layout = report.layout
+    path = (
+        "vLLM loads it as native MXFP4"
+        if layout.quantization == "mxfp4"
+        else "vLLM loads it with its compressed-tensors MXFP4 method"
+    )
+    main, mtp = layout.main_layers, layout.mtp_layers
+    per_expert = len(PROJECTIONS) * len(EXPERT_KINDS)
+    expected = len(layout.layers) * layout.num_experts * per_expert
+    lines = [
+        f"checkpoint  {report.directory}",
+        f"format      compressed-tensors {layout.quantization_format}; {path}",
+        f"shards      {report.shards} headers read (no tensor data), "
+        f"{_bytes(report.total_bytes)} referenced, {_bytes(report.expert_bytes)} "
+        "of it routed experts",
+        f"layers      {len(main)} MoE layers ({layer_ranges(main)})"
+        + (f" + {len(mtp)} MTP ({layer_ranges(mtp)})" if mtp else ""),
+        f"experts     {layout.num_experts} per layer x {per_expert} tensors "
+        f"(w1, w3, w2 x {', '.join(EXPERT_KINDS)}): {expected} expected, "
+        f"{report.expert_tensors_checked} found and checked",
+    ]
+    share = report.share
+    topology = _topology(report)
+    if share is None:
+        lines.append(f"per GPU     {topology}: does not divide the model (below)")
+    elif share.expert_parallel:
+        lines.append(
+            f"per GPU     {topology}: {share.experts} of {layout.num_experts} "
+            f"experts (GPU r: experts {share.experts}r to {share.experts}r+"
+            f"{share.experts - 1}), all {share.intermediate} intermediate rows; "
+            f"{_bytes(share.expert_bytes)} of routed-expert checkpoint data"
+        )
+    else:
+        lines.append(
+            f"per GPU     {topology}: all {share.experts} experts, "
+            f"{share.intermediate} of {layout.intermediate} intermediate rows "
+            f"each (GPU r: rows {share.intermediate}r to {share.intermediate}r+"
+            f"{share.intermediate - 1}); {_bytes(share.expert_bytes)} of "
+            "routed-expert checkpoint data"
+        )
+    return lines
+
+
+def allocation(plan: MoeMemoryPlan) -> list[str]:
+    """vLLM's allocation for the deployment, upstream and with the plugin."""
+    totals = plan.all_moe_layers
+    return [
+        f"allocated   on {plan.deployment.backend}, by vLLM 0.33.0's own layer: "
+        f"{plan.fixed.intermediate_per_rank} intermediate rows per expert with "
+        f"this plugin (upstream {plan.upstream.intermediate_per_rank}); routed "
+        f"experts {_bytes(totals['fixed_routed_bytes'])} per GPU over the "
+        f"{plan.moe_layers} main-model MoE layers (upstream "
+        f"{_bytes(totals['upstream_routed_bytes'])})"
+    ]
+
+
+def verdict(report: PreflightReport) -> list[str]:
+    problems = report.problems
+    if not problems:
+        return [
+            "OK          every routed-expert tensor is present once, uint8, "
+            "with its MXFP4 shape, and the topology divides the model"
+        ]
+    counts = Counter(problem.kind for problem in problems)
+    kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    return [
+        f"{len(problems)} problem{'s' if len(problems) > 1 else ''} ({kinds}):",
+        *(f"  {problem}" for problem in problems),
+        f"FAILED      {len(problems)} problem{'s' if len(problems) > 1 else ''}: "
+        "fix the checkpoint (or the topology) before launching vLLM",
+    ]
