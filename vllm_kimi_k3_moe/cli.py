@@ -2,7 +2,9 @@
 
 ``plan`` answers, before any GPU is involved, how much memory Kimi-K3's MoE
 layers take per GPU for a deployment, as vLLM 0.33.0 allocates them and as it
-does with this plugin installed.
+does with this plugin installed. ``check`` verifies, from a checkpoint's
+``config.json`` and shard headers, that every routed-expert tensor will land on
+every rank, before a deployment spends its GPUs finding out.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ valid regions of all ranks must give back every checkpoint tensor bit for bit.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -76,23 +77,22 @@ def load_rank(
     return {i: routed_experts(layers[i].block_sparse_moe) for i in SPEC.main_moe_layers}
 
 
-def test_vllm_resolves_the_checkpoint_to_native_mxfp4(model_config) -> None:
+def test_vllm_resolves_the_checkpoint_to_native_mxfp4(
+    checkpoint, model_config, rank_config
+) -> None:
     from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 
+    written = json.loads((checkpoint[0] / "config.json").read_text())
+    assert written["quantization_config"]["quant_method"] == "compressed-tensors"
     assert model_config.hf_config.model_type == "kimi_k3"
+    # vLLM's Kimi-K3 config hook rewrote mxfp4-pack-quantized to native MXFP4
+    assert model_config.hf_config.quantization_config["quant_method"] == "mxfp4"
     assert model_config.quantization == "mxfp4"
     text_config = model_config.hf_text_config
     assert text_config.moe_intermediate_size == INTERMEDIATE
     assert text_config.num_experts == SPEC.num_experts
-    assert model_config.hf_config.quantization_config["format"] == (
-        "mxfp4-pack-quantized"
-    )
-    # the quantization config vLLM builds for a rank from it
-    from vllm.config import LoadConfig, VllmConfig
-
-    assert type(VllmConfig._get_quantization_config(model_config, LoadConfig())) is (
-        Mxfp4Config
-    )
+    vllm_config = rank_config(Topology(32), model_config=model_config)
+    assert type(vllm_config.quant_config) is Mxfp4Config
 
 
 # The checkpoint tensors of one expert, as "{projection}.{kind}".
