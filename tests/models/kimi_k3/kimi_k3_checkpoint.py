@@ -234,7 +234,6 @@ def split_into_shards(tensors: dict[str, torch.Tensor], count: int) -> list[dict
 def _write_config_and_index(
     directory: Path, spec: KimiK3Spec, weight_map: dict[str, str], total: int
 ) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(spec.config(), indent=2))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
@@ -274,6 +273,7 @@ def write_header_only_checkpoint(directory: Path, spec: KimiK3Spec) -> int:
     per_shard = -(-len(entries) // spec.shards)
     weight_map: dict[str, str] = {}
     total = 0
+    directory.mkdir(parents=True, exist_ok=True)
     for index in range(spec.shards):
         name = shard_name(index, spec.shards)
         header: dict = {"__metadata__": {"format": "pt"}}
@@ -291,7 +291,6 @@ def write_header_only_checkpoint(directory: Path, spec: KimiK3Spec) -> int:
             weight_map[tensor] = name
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes
-        directory.mkdir(parents=True, exist_ok=True)
         with (directory / name).open("wb") as shard:
             shard.write(struct.pack("<Q", len(text)) + text)
             shard.truncate(8 + len(text) + offset)

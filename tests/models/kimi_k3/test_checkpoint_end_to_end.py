@@ -19,8 +19,11 @@ import pytest
 import torch
 from torch import nn
 
+from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.conftest import Topology, routed_experts
 from tests.models.kimi_k3.kimi_k3_checkpoint import (
+    KINDS,
+    PROJECTIONS,
     KimiK3Spec,
     expert_tensor_name,
     write_checkpoint,
@@ -97,11 +100,13 @@ def test_vllm_resolves_the_checkpoint_to_native_mxfp4(
 
 # The checkpoint tensors of one expert, as "{projection}.{kind}".
 EXPERT_TENSORS = tuple(
-    f"{projection}.{kind}"
-    for projection in ("w1", "w3", "w2")
-    for kind in ("weight_packed", "weight_scale")
+    f"{projection}.{kind}" for projection in PROJECTIONS for kind in KINDS
 )
-SCALE_BLOCK = 32  # MXFP4: one scale byte per 32 values
+
+
+def padded_rows(experts: nn.Module) -> int:
+    """Intermediate rows each of gate and up takes in ``w13``, padding included."""
+    return experts.w13_weight.shape[1] // 2
 
 
 def valid_region(tensor: str, per_rank: int, padded: int) -> tuple[str, tuple]:
@@ -115,7 +120,9 @@ def valid_region(tensor: str, per_rank: int, padded: int) -> tuple[str, tuple]:
         "_scale" if kind == "weight_scale" else ""
     )
     if projection == "w2":
-        per_byte = SCALE_BLOCK if kind == "weight_scale" else 2
+        per_byte = (
+            k3.MXFP4_BLOCK if kind == "weight_scale" else k3.MXFP4_VALUES_PER_BYTE
+        )
         return parameter, (slice(None), slice(0, per_rank // per_byte))
     start = padded if projection == "w3" else 0
     return parameter, (slice(start, start + per_rank),)
@@ -123,14 +130,14 @@ def valid_region(tensor: str, per_rank: int, padded: int) -> tuple[str, tuple]:
 
 def padded_tails(experts: nn.Module, per_rank: int) -> list[torch.Tensor]:
     """Every byte of a rank's expert parameters outside its valid regions."""
-    padded = experts.w13_weight.shape[1] // 2
+    padded = padded_rows(experts)
     return [
         experts.w13_weight[:, per_rank:padded],
         experts.w13_weight[:, padded + per_rank :],
         experts.w13_weight_scale[:, per_rank:padded],
         experts.w13_weight_scale[:, padded + per_rank :],
-        experts.w2_weight[:, :, per_rank // 2 :],
-        experts.w2_weight_scale[:, :, per_rank // SCALE_BLOCK :],
+        experts.w2_weight[:, :, per_rank // k3.MXFP4_VALUES_PER_BYTE :],
+        experts.w2_weight_scale[:, :, per_rank // k3.MXFP4_BLOCK :],
     ]
 
 
@@ -142,7 +149,7 @@ def reassemble_tp(
     pieces = []
     for rank in ranks:
         experts = rank[layer]
-        padded = experts.w13_weight.shape[1] // 2
+        padded = padded_rows(experts)
         parameter, index = valid_region(tensor, INTERMEDIATE // len(ranks), padded)
         pieces.append(getattr(experts, parameter)[expert][index])
     return torch.cat(pieces, dim=1 if tensor.startswith("w2") else 0)
@@ -155,9 +162,7 @@ def reassemble_ep(
     placement puts experts [r k, (r + 1) k) on EP rank r."""
     per_rank = SPEC.num_experts // len(ranks)
     experts = ranks[expert // per_rank][layer]
-    parameter, index = valid_region(
-        tensor, INTERMEDIATE, experts.w13_weight.shape[1] // 2
-    )
+    parameter, index = valid_region(tensor, INTERMEDIATE, padded_rows(experts))
     return getattr(experts, parameter)[expert % per_rank][index]
 
 
@@ -214,7 +219,7 @@ def test_tp_ranks_reassemble_the_checkpoint_bit_for_bit(
             assert experts.w13_weight.shape == (
                 SPEC.num_experts,
                 2 * padded,
-                SPEC.routed_expert_hidden_size // 2,
+                SPEC.routed_expert_hidden_size // k3.MXFP4_VALUES_PER_BYTE,
             )
             assert expert_loading(experts).missing() == []
             for tail in padded_tails(experts, per_rank):
