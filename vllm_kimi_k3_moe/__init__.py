@@ -8,11 +8,12 @@ Patch index (each module opens with its full ledger entry):
     backend owns the padded per-rank layout. Delete with the vLLM release that
     ships the upstream fix.
 
-``vllm_kimi_k3_moe.model_executor.layers.quantization.compressed_tensors.``
-``compressed_tensors_moe.compressed_tensors_moe_w4a4_mxfp4``
-    ``CompressedTensorsW4A4Mxfp4MoEMethod``: pads Kimi-K3 routed experts to
-    what its kernel needs and zero-fills the tail (upstream has neither).
-    Delete with the model patch.
+``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts_partition``
+    ``RoutedExperts._get_quant_method``: inside a Kimi-K3 ``KimiMoE`` only,
+    each quantization method allocates the smallest per-rank partition its
+    kernel accepts (rules in ``partition_rules``), never more than vLLM
+    alone, with a zero pad; a method without a rule keeps vLLM alone's
+    partition. Delete with the model patch.
 
 ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts``
     Kimi-K3 routed-expert parameters' ``weight_loader``: refuses checkpoint
@@ -37,10 +38,7 @@ logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
 
 KIMI_K3_PACKAGE = "vllm.models.kimi_k3"
 KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
-COMPRESSED_TENSORS_MXFP4_MOE = (
-    "vllm.model_executor.layers.quantization.compressed_tensors."
-    "compressed_tensors_moe.compressed_tensors_moe_w4a4_mxfp4"
-)
+ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
 
 _registered = False
 _warned: set[str] = set()
@@ -68,14 +66,13 @@ def _patch_nvidia_model(module: ModuleType) -> None:
     from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model as patch
 
     patch.apply(module)
-    # Kimi-K3 is being served: its compressed-tensors MXFP4 experts need
-    # their method to pad, whenever (or if) that module is imported.
-    call_after_import(COMPRESSED_TENSORS_MXFP4_MOE, _patch_compressed_tensors_mxfp4)
+    # The model module imports vLLM's fused MoE package: this runs now.
+    call_after_import(ROUTED_EXPERTS, _patch_routed_experts_partition)
 
 
-def _patch_compressed_tensors_mxfp4(module: ModuleType) -> None:
-    from vllm_kimi_k3_moe.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (  # noqa: E501
-        compressed_tensors_moe_w4a4_mxfp4 as patch,
+def _patch_routed_experts_partition(module: ModuleType) -> None:
+    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
+        routed_experts_partition as patch,
     )
 
     patch.apply(module)

@@ -5,7 +5,7 @@ parallel groups (for their size and this process's rank) and, to pick an MoE
 kernel, whether the current device supports it. This module stands in for
 exactly those, so the real ``KimiMoE`` can be built on the ``meta`` device (real
 size, no memory) or on CPU tensors (small shapes, real weight loading). Used by
-the regression suite's fixtures and by the memory benchmark.
+the regression suite's fixtures and by the planner.
 """
 
 from __future__ import annotations
@@ -79,6 +79,77 @@ def marlin_without_gpu() -> Iterator[None]:
         marlin_moe.MarlinExpertsBase,
         _supports_current_device=staticmethod(lambda: True),
     ):
+        yield
+
+
+def _moe_kernel_classes() -> set[type]:
+    """Every fused-MoE kernel class vLLM ships, its modules imported."""
+    import importlib
+    import pkgutil
+
+    from vllm.model_executor.layers.fused_moe import experts
+    from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEExperts
+
+    for module in pkgutil.iter_modules(experts.__path__):
+        try:
+            importlib.import_module(f"{experts.__name__}.{module.name}")
+        except ImportError:
+            continue  # a kernel whose library is not installed is never chosen
+    found: set[type] = set()
+    todo = [FusedMoEExperts]
+    while todo:
+        for subclass in todo.pop().__subclasses__():
+            if subclass not in found:
+                found.add(subclass)
+                todo.append(subclass)
+    return found
+
+
+class _CudaPlatform:
+    """vLLM's current platform, answering as the NVIDIA GPU it would run on
+    where the unquantized MoE oracle lists its backends by platform."""
+
+    def __init__(self, platform: Any) -> None:
+        self._platform = platform
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._platform, name)
+
+    def is_cuda(self) -> bool:
+        return True
+
+    def is_rocm(self) -> bool:
+        return False
+
+    def is_device_capability_family(self, *args: Any, **kwargs: Any) -> bool:
+        return False
+
+
+@contextmanager
+def moe_kernels_on_their_gpu() -> Iterator[None]:
+    """Let vLLM's own backend selection pick any MoE kernel (``--moe-backend
+    NAME``) as it would on a GPU that runs it: every kernel's device check
+    (``_supports_current_device``) answers yes, the platform reports FP8
+    support (Triton's FP8 schemes depend on it), and the unquantized oracle
+    lists the CUDA backends. What each kernel accepts of the layer (its
+    activation, quantization scheme, shapes) is still vLLM's own answer."""
+    from contextlib import ExitStack
+
+    from vllm.model_executor.layers.fused_moe.oracle import unquantized
+    from vllm.platforms import current_platform
+
+    with ExitStack() as stack:
+        for kernel in _moe_kernel_classes():
+            if "_supports_current_device" in kernel.__dict__:
+                stack.enter_context(
+                    _attributes(
+                        kernel, _supports_current_device=staticmethod(lambda: True)
+                    )
+                )
+        stack.enter_context(_attributes(current_platform, supports_fp8=lambda: True))
+        stack.enter_context(
+            _attributes(unquantized, current_platform=_CudaPlatform(current_platform))
+        )
         yield
 
 

@@ -3,9 +3,11 @@
 Patch ledger entry
 ------------------
 Replaces
-    ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (by a subclass of itself) and
-    that module's ``FusedMoEFactory`` global (by a pass-through that acts only
-    while a ``KimiMoE`` is being built). Nothing else in vLLM is touched.
+    ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (by a subclass of itself).
+    Nothing else in that module is touched: the fix lives in the class vLLM's
+    decoder and MTP layers build, so it holds whatever the module's
+    ``FusedMoEFactory`` global is later rebound to (a profiler, another
+    plugin, a test double).
 Why
     vLLM 0.33.0 pads ``moe_intermediate_size`` at model level to
     ``min_moe_intermediate_per_partition`` (256) per TP rank and hands that to
@@ -14,21 +16,20 @@ Why
     experts take ~120.5 GB per GPU instead of ~60.3 GB and Kimi-K3 does not
     load on 96 GB GPUs.
 How
-    While the subclass runs upstream ``KimiMoE.__init__``, the factory
-    pass-through swaps the model-level padded size for
-    ``config.moe_intermediate_size``; the quantization method's
-    ``maybe_roundup_sizes`` then pads the per-rank partition to what its kernel
-    needs (Marlin: 96 -> 128) and its ``create_weights`` zero-fills the tail.
-    Upstream's post-construction block (zeroing ``w13``/``w2`` and assigning
-    ``intermediate_size_per_partition_unpadded``) is guarded by
-    ``padded_moe_intermediate_size != moe_intermediate_size``; the pass-through
-    shows it the logical size so it does not run, and the subclass restores the
-    model-level value afterwards. ``padded_moe_intermediate_size`` therefore
-    keeps upstream's value and MegaMoE (``DeepGemmMegaMoEExperts``) stays its
-    only consumer. Expert parallelism (no model-level padding) and TP sizes
-    where the model-level minimum is not hit reach the factory with the logical
-    size already and pass through untouched. ``vllm.models.kimi_k3.amd`` is
-    never touched.
+    ``padded_moe_intermediate_size`` becomes a property of the subclass.
+    Upstream ``KimiMoE.__init__`` assigns it (the model-level value, kept),
+    then reads it twice: as the regular ``FusedMoEFactory``'s
+    ``intermediate_size`` and in the guard of its post-construction block
+    (zeroing ``w13``/``w2``, assigning
+    ``intermediate_size_per_partition_unpadded``). While ``__init__`` runs the
+    property reads as the logical ``config.moe_intermediate_size``, so the
+    factory gets 3072 and the block does not run; afterwards it reads the
+    model-level value again, which MegaMoE (``DeepGemmMegaMoEExperts``,
+    expert parallel only, where the two are equal) keeps consuming. The
+    per-rank partition each quantization method then allocates is chosen in
+    ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts_partition``
+    from the build recorded here (logical and model-level size).
+    ``vllm.models.kimi_k3.amd`` is never touched.
 Related PR
     vLLM "[Bugfix][Model] Kimi-K3 NVIDIA: delegate regular FusedMoE padding to
     the selected quantization backend" (builds on #51131, overlaps #50928).
@@ -41,25 +42,28 @@ Delete when
 from __future__ import annotations
 
 import contextvars
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 
 @dataclass
-class _KimiMoEBuild:
-    """The ``KimiMoE`` under construction and its sizes."""
+class KimiMoEBuild:
+    """The ``KimiMoE`` under construction and its two sizes."""
 
     moe: Any
-    logical_size: int
-    model_level_size: int | None = None
+    logical_size: int  # config.moe_intermediate_size
+    model_level_size: int | None = None  # upstream's padded_moe_intermediate_size
 
 
-_current_build: contextvars.ContextVar[_KimiMoEBuild | None] = contextvars.ContextVar(
+_current_build: contextvars.ContextVar[KimiMoEBuild | None] = contextvars.ContextVar(
     "kimi_k3_moe_current_build", default=None
 )
+
+
+def current_kimi_moe_build() -> KimiMoEBuild | None:
+    """The Kimi-K3 ``KimiMoE`` being constructed in this context, if any."""
+    return _current_build.get()
 
 
 def building_kimi_moe() -> bool:
@@ -73,56 +77,39 @@ class BackendPaddedKimiMoE:
     def __init__(
         self, config: Any, vllm_config: Any, *args: Any, **kwargs: Any
     ) -> None:
-        build = _KimiMoEBuild(moe=self, logical_size=config.moe_intermediate_size)
+        build = KimiMoEBuild(moe=self, logical_size=config.moe_intermediate_size)
         token = _current_build.set(build)
         try:
             super().__init__(config, vllm_config, *args, **kwargs)
         finally:
             _current_build.reset(token)
-        if build.model_level_size is not None:
-            self.padded_moe_intermediate_size = build.model_level_size
+        self.__dict__["_model_level_moe_intermediate_size"] = build.model_level_size
         from vllm_kimi_k3_moe.model_executor.layers.fused_moe import routed_experts
 
         routed_experts.make_expert_loading_strict(self, config.moe_intermediate_size)
 
-
-def factory_receiving_logical_size(
-    fused_moe_factory: Callable[..., Any],
-) -> Callable[..., Any]:
-    """Wrap ``FusedMoEFactory`` as the Kimi-K3 NVIDIA module sees it."""
-
-    @functools.wraps(fused_moe_factory)
-    def factory(*args: Any, **kwargs: Any) -> Any:
+    @property
+    def padded_moe_intermediate_size(self) -> int | None:
+        """Upstream's model-level size; the logical size while upstream's
+        ``__init__`` hands it to the regular factory and its fixup guard."""
         build = _current_build.get()
-        if build is None or build.model_level_size is not None:
-            return fused_moe_factory(*args, **kwargs)
-        requested = kwargs.get("intermediate_size")
-        if requested == build.logical_size:
-            # No model-level padding at this topology (or upstream is fixed).
-            return fused_moe_factory(*args, **kwargs)
-        model_level = build.moe.padded_moe_intermediate_size
-        if requested != model_level:
-            raise RuntimeError(
-                "vllm-kimi-k3-moe: KimiMoE passed intermediate_size="
-                f"{requested!r} to FusedMoEFactory, neither the logical "
-                f"moe_intermediate_size={build.logical_size} nor "
-                f"padded_moe_intermediate_size={model_level}; this vLLM is not "
-                "the 0.33.0 the patch was written for."
-            )
-        build.model_level_size = model_level
-        # Upstream's zeroing/fixup block runs only when these two differ.
-        build.moe.padded_moe_intermediate_size = build.logical_size
-        kwargs["intermediate_size"] = build.logical_size
-        return fused_moe_factory(*args, **kwargs)
+        if build is not None and build.moe is self:
+            return build.logical_size
+        return self.__dict__.get("_model_level_moe_intermediate_size")
 
-    return factory
+    @padded_moe_intermediate_size.setter
+    def padded_moe_intermediate_size(self, value: int) -> None:
+        build = _current_build.get()
+        if build is not None and build.moe is self:
+            build.model_level_size = value
+        else:
+            self.__dict__["_model_level_moe_intermediate_size"] = value
 
 
 def apply(upstream: ModuleType) -> None:
     """Install the patch into the imported upstream module (idempotent)."""
     if issubclass(upstream.KimiMoE, BackendPaddedKimiMoE):
         return
-    upstream.FusedMoEFactory = factory_receiving_logical_size(upstream.FusedMoEFactory)
     upstream.KimiMoE = type(
         "KimiMoE",
         (BackendPaddedKimiMoE, upstream.KimiMoE),
@@ -133,6 +120,11 @@ def apply(upstream: ModuleType) -> None:
             "(patched by vllm-kimi-k3-moe).",
         },
     )
+
+
+def revert(upstream: ModuleType) -> None:
+    """Put upstream's own ``KimiMoE`` back (idempotent)."""
+    upstream.KimiMoE = upstream_kimi_moe(upstream)
 
 
 def upstream_kimi_moe(upstream: ModuleType) -> type:
