@@ -10,6 +10,7 @@ the regression suite's fixtures and by the planner.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,19 +83,29 @@ def marlin_without_gpu() -> Iterator[None]:
         yield
 
 
-def _moe_kernel_classes() -> set[type]:
-    """Every fused-MoE kernel class vLLM ships, its modules imported."""
+@functools.cache
+def _import_moe_kernel_modules() -> None:
+    """Import every module vLLM's MoE kernels live in: fused_moe/experts/ and
+    a few fused_moe/*.py, which vLLM's backend oracles import lazily."""
     import importlib
     import pkgutil
 
+    from vllm.model_executor.layers import fused_moe
     from vllm.model_executor.layers.fused_moe import experts
+
+    for package in (fused_moe, experts):
+        for module in pkgutil.iter_modules(package.__path__):
+            try:
+                importlib.import_module(f"{package.__name__}.{module.name}")
+            except Exception:
+                continue  # it fails the same way when an oracle imports it
+
+
+def _moe_kernel_classes() -> set[type]:
+    """Every fused-MoE kernel class vLLM ships."""
     from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEExperts
 
-    for module in pkgutil.iter_modules(experts.__path__):
-        try:
-            importlib.import_module(f"{experts.__name__}.{module.name}")
-        except ImportError:
-            continue  # a kernel whose library is not installed is never chosen
+    _import_moe_kernel_modules()
     found: set[type] = set()
     todo = [FusedMoEExperts]
     while todo:

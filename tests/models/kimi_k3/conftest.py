@@ -27,6 +27,7 @@ from vllm_kimi_k3_moe.simulated_rank import (
     Topology,
     build_kimi_moe_layer,
     marlin_without_gpu,
+    moe_kernels_on_their_gpu,
     rank_vllm_config,
     simulated_rank,
 )
@@ -99,6 +100,59 @@ def build_kimi_moe(
             rank_config(topology, quantization),
             device,
         )
+
+    return build
+
+
+POISON = 0xA5  # the byte uninitialised memory reads as in these tests
+
+
+@pytest.fixture
+def uninitialised_memory_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU often hands ``torch.empty`` freshly zeroed pages, which would hide
+    a missing zero-fill. Here uninitialised CPU memory reads as 0xA5 bytes,
+    whatever the dtype."""
+    empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        tensor = empty(*args, **kwargs)
+        if tensor.device.type == "cpu" and tensor.dim() and tensor.is_contiguous():
+            tensor.view(torch.uint8).fill_(POISON)
+        return tensor
+
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+
+
+@pytest.fixture
+def format_experts(kimi_model: ModuleType) -> Callable[..., nn.Module]:
+    """Rank ``topology``'s routed experts of a real ``KimiMoE`` (patched unless
+    ``upstream=True``) serving Kimi-K3 in checkpoint format ``fmt``
+    (``kimi_k3_formats``) with ``--moe-backend backend``. vLLM's own backend
+    selection decides, with every kernel's device check answering as on its
+    GPU (``moe_kernels_on_their_gpu``). ``min_partition`` sets vLLM alone's
+    model-level minimum rows per rank (``min_moe_intermediate_per_partition``)."""
+    from tests.models.kimi_k3.kimi_k3_formats import format_vllm_config
+
+    def build(
+        fmt: str,
+        backend: str,
+        topology: Topology,
+        *,
+        upstream: bool = False,
+        small: bool = False,
+        device: str = "meta",
+        min_partition: int | None = None,
+        prefix: str = "model.layers.1.block_sparse_moe",
+    ) -> nn.Module:
+        cls = upstream_kimi_moe(kimi_model) if upstream else kimi_model.KimiMoE
+        config = kimi_k3_text_config(small=small)
+        if min_partition is not None:
+            config.min_moe_intermediate_per_partition = min_partition
+        with simulated_rank(topology), moe_kernels_on_their_gpu():
+            moe = build_kimi_moe_layer(
+                cls, config, format_vllm_config(topology, fmt, backend), device, prefix
+            )
+        return routed_experts(moe)
 
     return build
 

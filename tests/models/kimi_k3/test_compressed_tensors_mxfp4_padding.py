@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from tests.models.kimi_k3.conftest import Topology, routed_experts
+from tests.models.kimi_k3.conftest import POISON, Topology, routed_experts
 
 CT = "compressed-tensors"
 HIDDEN = k3.ROUTED_EXPERT_HIDDEN_SIZE  # 3584
 EXPERTS = k3.NUM_EXPERTS  # 896
 MARLIN_MXFP4_GROUP = 32
 CT_METHOD = "CompressedTensorsW4A4Mxfp4MoEMethod"
-POISON = 0xA5
 
 
 @pytest.mark.parametrize(
@@ -71,21 +70,6 @@ def test_marlin_shape_check_holds_for_the_allocated_partition(
     assert experts.w13_weight_packed.shape[1] == 2 * allocated
     # The check has teeth: TP32's raw 96 fails it (96 % 64 != 0).
     assert marlin_accepts(experts, raw_local) == (raw_local % 64 == 0)
-
-
-@pytest.fixture
-def uninitialised_memory_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CPU often hands ``torch.empty`` freshly zeroed pages, which would hide a
-    missing zero-fill. Here uninitialised memory reads as 0xA5 bytes."""
-    empty = torch.empty
-
-    def poisoned_empty(*args, **kwargs):
-        tensor = empty(*args, **kwargs)
-        if tensor.dtype == torch.uint8 and tensor.device.type == "cpu":
-            tensor.fill_(POISON)
-        return tensor
-
-    monkeypatch.setattr(torch, "empty", poisoned_empty)
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from typing import ClassVar
 
 import pytest
 import torch
+from torch import nn
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.conftest import Topology, routed_experts
@@ -208,3 +210,29 @@ def test_raw_96_partition_per_backend(build_kimi_moe, backend_name, padded):
         moe_config.moe_parallel_config,
     )
     assert intermediate == padded
+
+
+class FactoryStandIn(nn.Module):
+    """Installed as the model module's ``FusedMoEFactory`` after the plugin has
+    applied (a profiler, another plugin, a test double): records what
+    ``KimiMoE`` hands it and builds nothing."""
+
+    calls: ClassVar[list[dict]] = []
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__()
+        FactoryStandIn.calls.append(kwargs)
+
+
+@pytest.mark.parametrize(("tp_size", "model_level"), [(16, 4096), (32, 8192)])
+def test_fix_survives_a_rebound_factory(
+    kimi_model, build_kimi_moe, model_level_writes, monkeypatch, tp_size, model_level
+):
+    monkeypatch.setattr(FactoryStandIn, "calls", [])
+    monkeypatch.setattr(kimi_model, "FusedMoEFactory", FactoryStandIn)
+    moe = build_kimi_moe(Topology(tp_size))
+    assert isinstance(moe.experts, FactoryStandIn)
+    ((call,),) = [FactoryStandIn.calls]
+    assert call["intermediate_size"] == 3072
+    assert moe.padded_moe_intermediate_size == model_level
+    assert model_level_writes == []  # no intermediate_size_per_partition_unpadded

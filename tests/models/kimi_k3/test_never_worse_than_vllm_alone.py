@@ -1,0 +1,156 @@
+"""With the plugin, Kimi-K3 in every published format builds wherever vLLM alone
+builds it, never larger, at the smallest per-rank partition vLLM's own code
+accepts; a method the plugin has no rule for keeps vLLM alone's partition."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+
+import pytest
+
+from tests.models.kimi_k3.conftest import Topology
+from tests.models.kimi_k3.kimi_k3_formats import PUBLISHED_FORMATS, UNCOVERED_FORMAT
+
+TOPOLOGIES = [
+    Topology(1),
+    Topology(4),
+    Topology(8),  # 3072 // 8 == 384: vLLM alone pads nothing
+    Topology(12),  # 256: exactly the model-level minimum
+    Topology(16),  # 192 -> vLLM alone 256
+    Topology(24),  # 128 -> vLLM alone 256
+    Topology(32),  # 96 -> vLLM alone 256
+    Topology(16, dp_size=2),  # experts split over 32 GPUs; vLLM alone 128
+    Topology(32, expert_parallel=True),  # whole experts: no model-level padding
+]
+
+
+def _moe_backends() -> list[str]:
+    """Every ``--moe-backend`` vLLM 0.33.0 takes, but ``auto`` (vLLM resolves
+    it from the GPU it starts on)."""
+    from vllm.config.kernel import MoEBackend
+
+    return [name for name in typing.get_args(MoEBackend) if name != "auto"]
+
+
+Outcome = int | tuple[str, str]  # partition, or (exception type, message)
+
+
+@pytest.fixture
+def outcome(format_experts) -> Callable[..., Outcome]:
+    """Rank 0's routed-expert partition on the meta device, or the error vLLM
+    raised building it (``format_experts`` takes the same arguments)."""
+
+    def build(*args, **kwargs) -> Outcome:
+        try:
+            return format_experts(*args, **kwargs).intermediate_size_per_partition
+        except Exception as error:
+            return type(error).__name__, str(error)
+
+    return build
+
+
+def label(topology: Topology) -> str:
+    ep = " EP" if topology.expert_parallel else ""
+    return f"TP{topology.tp_size} DP{topology.dp_size}{ep}"
+
+
+@pytest.mark.parametrize("backend", _moe_backends())
+@pytest.mark.parametrize("fmt", [*PUBLISHED_FORMATS, UNCOVERED_FORMAT])
+def test_builds_wherever_vllm_alone_builds_and_never_larger(outcome, fmt, backend):
+    for topology in TOPOLOGIES:
+        theirs = outcome(fmt, backend, topology, upstream=True)
+        mine = outcome(fmt, backend, topology)
+        where = f"{fmt} on {backend} at {label(topology)}"
+        if isinstance(theirs, tuple):
+            # vLLM alone refuses this kernel (activation, scheme, ...): the
+            # plugin must neither hide nor change that refusal.
+            assert mine == theirs, where
+        else:
+            assert isinstance(mine, int), f"{where}: vLLM alone builds, plugin {mine}"
+            assert mine <= theirs, f"{where}: {mine} > vLLM alone's {theirs}"
+
+
+# Per-rank partition at TP8, 16, 24, 32, TP16 x DP2, TP32 EP, per format and a
+# kernel vLLM selects for Kimi-K3 on NVIDIA. vLLM alone: 384, 256, 256, 256,
+# 128, 3072 for every one of them.
+ALIGNED_TOPOLOGIES = TOPOLOGIES[2:3] + TOPOLOGIES[4:]
+PARTITIONS = [
+    # MXFP4 Marlin and DeepGEMM: multiples of 128 (MXFP4 sizing oracle)
+    ("mxfp4", "marlin", [384, 256, 128, 128, 128, 3072]),
+    ("mxfp4", "deep_gemm", [384, 256, 128, 128, 128, 3072]),
+    ("mxfp4", "humming", [384, 192, 128, 128, 128, 3072]),  # Humming: 64
+    # the compressed-tensors MXFP4 method picks its kernel from the device
+    # (CUTLASS here): 128-row scale tiles
+    ("ct-mxfp4", "marlin", [384, 256, 128, 128, 128, 3072]),
+    # FP8 block [128, 128]: whole checkpoint blocks per rank
+    ("ct-fp8-block", "triton", [384, 256, 128, 128, 128, 3072]),
+    ("ct-fp8-block", "marlin", [384, 256, 128, 128, 128, 3072]),
+    ("ct-fp8-block", "humming", [384, 256, 128, 128, 128, 3072]),
+    # NVFP4: the logical slice; FlashInfer, Marlin, Humming pad at weight prep
+    ("ct-nvfp4", "flashinfer_cutedsl", [384, 192, 128, 96, 96, 3072]),
+    ("ct-nvfp4", "marlin", [384, 192, 128, 96, 96, 3072]),
+    ("ct-nvfp4", "humming", [384, 192, 128, 96, 96, 3072]),
+    ("ct-nvfp4", "emulation", [384, 192, 128, 96, 96, 3072]),
+    # ... but vLLM's CUTLASS weight prep refuses to pad w13: 2N % 128
+    ("ct-nvfp4", "cutlass", [384, 192, 128, 128, 128, 3072]),
+    ("modelopt-nvfp4", "flashinfer_cutedsl", [384, 192, 128, 96, 96, 3072]),
+    ("modelopt-nvfp4", "cutlass", [384, 192, 128, 128, 128, 3072]),
+    # INT4 W4A16: groups of 32; Marlin pads at weight prep
+    ("ct-w4a16", "marlin", [384, 192, 128, 96, 96, 3072]),
+    ("ct-w4a16", "humming", [384, 192, 128, 96, 96, 3072]),
+    # BF16: Triton takes any size
+    ("bf16", "triton", [384, 192, 128, 96, 96, 3072]),
+    # no rule: vLLM alone's partition
+    (UNCOVERED_FORMAT, "triton", [384, 256, 256, 256, 128, 3072]),
+]
+
+
+@pytest.mark.parametrize(("fmt", "backend", "partitions"), PARTITIONS)
+def test_partition_per_format(outcome, fmt, backend, partitions):
+    assert [outcome(fmt, backend, t) for t in ALIGNED_TOPOLOGIES] == partitions
+    vllm_alone = [outcome(fmt, backend, t, upstream=True) for t in ALIGNED_TOPOLOGIES]
+    assert vllm_alone == [384, 256, 256, 256, 128, 3072]
+
+
+def vllm_alone_allocates(outcome, fmt, backend, topology, rows) -> bool:
+    """Whether vLLM alone, asked (through its own model-level minimum) for
+    exactly ``rows`` per rank, builds the layer at that size: its method's
+    checks and rounding are the judges."""
+    logical = 3072 // topology.tp_size
+    minimum = 1 if rows == logical else rows
+    return outcome(fmt, backend, topology, upstream=True, min_partition=minimum) == (
+        rows
+    )
+
+
+# Kernels whose limit vLLM alone does not check when it builds the layer:
+# NVFP4 on CUTLASS refuses a pad at weight prep
+# (test_nvfp4_cutlass_weight_prep_refuses_a_pad), and the compressed-tensors
+# MXFP4 method allocates what it is given (its kernels' limit is the MXFP4
+# sizing oracle: test_compressed_tensors_mxfp4_padding).
+CHECKED_AFTER_BUILD = {("ct-nvfp4", "cutlass"), ("modelopt-nvfp4", "cutlass")}
+CHECKED_AFTER_BUILD |= {("ct-mxfp4", backend) for _, backend, _ in PARTITIONS}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "backend", "partitions"),
+    [row for row in PARTITIONS if row[:2] not in CHECKED_AFTER_BUILD],
+)
+@pytest.mark.parametrize("tp_size", [16, 24, 32])
+def test_partition_is_the_smallest_vllm_accepts(
+    outcome, fmt, backend, partitions, tp_size
+):
+    topology = Topology(tp_size)
+    mine = outcome(fmt, backend, topology)
+    logical = 3072 // tp_size
+    assert vllm_alone_allocates(outcome, fmt, backend, topology, mine)
+    if fmt == UNCOVERED_FORMAT:
+        return  # no rule: vLLM alone's size, not a search
+    smaller = [logical, *range((logical // 16 + 1) * 16, mine, 16)]
+    accepted = [
+        rows
+        for rows in smaller
+        if rows < mine and vllm_alone_allocates(outcome, fmt, backend, topology, rows)
+    ]
+    assert accepted == [], f"{fmt} on {backend} at TP{tp_size} also takes {accepted}"

@@ -1,0 +1,134 @@
+"""Every pad the plugin allocates is zero before loading, in every format; a
+method without a rule keeps vLLM alone's partition, zeroed; each process says
+in one log line per method what it allocated."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from torch import nn
+
+from tests.models.kimi_k3.conftest import Topology
+from tests.models.kimi_k3.kimi_k3_formats import PUBLISHED_FORMATS, UNCOVERED_FORMAT
+from tests.models.kimi_k3.test_never_worse_than_vllm_alone import PARTITIONS
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe import routed_experts_partition
+
+
+@pytest.fixture
+def build_small(format_experts):
+    """Rank ``topology``'s routed experts on CPU tensors at the small shapes
+    (real 3072 intermediate)."""
+
+    def build(*args, **kwargs) -> nn.Module:
+        return format_experts(*args, small=True, device="cpu", **kwargs)
+
+    return build
+
+
+def expert_tensors(experts: nn.Module) -> dict[str, object]:
+    """Per-expert weights and scales: ``[experts, rows, cols]`` w13/w2."""
+    return {
+        name: param
+        for name, param in experts.named_parameters()
+        if name.startswith(("w13_", "w2_")) and param.dim() == 3
+    }
+
+
+# (format, backend, TP) where the plugin allocates more than the logical
+# slice (PARTITIONS lists TP16 second and TP32 fourth).
+PADDED = [
+    (fmt, backend, tp_size)
+    for fmt, backend, partitions in PARTITIONS
+    for tp_size, partition in ((16, partitions[1]), (32, partitions[3]))
+    if partition > 3072 // tp_size
+]
+
+
+@pytest.mark.parametrize(("fmt", "backend", "tp_size"), PADDED)
+def test_every_pad_is_zero_before_loading(
+    build_small, uninitialised_memory_is_visible, fmt, backend, tp_size
+):
+    experts = build_small(fmt, backend, Topology(tp_size))
+    assert experts.intermediate_size_per_partition > 3072 // tp_size
+    tensors = expert_tensors(experts)
+    assert tensors, "no expert tensors found"
+    for name, tensor in tensors.items():
+        assert not tensor.any(), f"{fmt} on {backend}: {name} holds non-zero pad"
+
+
+@pytest.mark.parametrize("fmt", ["ct-fp8-block", "ct-w4a16", UNCOVERED_FORMAT])
+def test_vllm_alone_leaves_its_pad_uninitialised(
+    build_small, uninitialised_memory_is_visible, fmt
+):
+    """What the zero-fill fixes: vLLM alone's model-level block never reaches
+    the latent-MoE experts, so its 256-row pad is whatever memory held."""
+    experts = build_small(
+        fmt, "triton" if "fp8" in fmt else "marlin", Topology(32), upstream=True
+    )
+    assert experts.intermediate_size_per_partition == 256
+    w13 = expert_tensors(experts)["w13_weight" if "fp8" in fmt else "w13_weight_packed"]
+    assert w13[:, 96:256].any()
+
+
+def test_method_without_rule_keeps_vllm_alone_partition_zeroed(
+    build_small, uninitialised_memory_is_visible
+):
+    mine = build_small(UNCOVERED_FORMAT, "triton", Topology(32))
+    theirs = build_small(UNCOVERED_FORMAT, "triton", Topology(32), upstream=True)
+    assert type(mine.quant_method).__name__ == "CompressedTensorsW8A8Fp8MoEMethod"
+    assert not mine.quant_method.block_quant
+    shapes = {n: p.shape for n, p in mine.named_parameters()}
+    assert shapes == {n: p.shape for n, p in theirs.named_parameters()}
+    assert mine.intermediate_size_per_partition == 256
+    assert not any(t.any() for t in expert_tensors(mine).values())
+
+
+@pytest.fixture
+def plugin_log(caplog, monkeypatch):
+    """The plugin's INFO lines, each process starting with none logged."""
+    monkeypatch.setattr(routed_experts_partition, "_logged", set())
+    monkeypatch.setattr(routed_experts_partition.logger, "handlers", [caplog.handler])
+    monkeypatch.setattr(routed_experts_partition.logger, "propagate", False)
+    caplog.set_level(logging.INFO, logger=routed_experts_partition.logger.name)
+    return caplog
+
+
+@pytest.mark.parametrize(
+    ("fmt", "backend", "expected"),
+    [
+        (
+            "ct-fp8-block",
+            "triton",
+            "Kimi-K3 routed experts on CompressedTensorsW8A8Fp8MoEMethod (triton): "
+            "128 intermediate rows per GPU (logical 96, vLLM alone 256); smallest "
+            "partition accepted (pad_tp_shard_to_weight_blocks)",
+        ),
+        (
+            UNCOVERED_FORMAT,
+            "triton",
+            "Kimi-K3 routed experts on CompressedTensorsW8A8Fp8MoEMethod (triton): "
+            "256 intermediate rows per GPU (logical 96, vLLM alone 256); no rule "
+            "for this method: vLLM alone's partition, zeroed",
+        ),
+    ],
+)
+def test_one_log_line_per_process_says_what_was_allocated(
+    build_small, plugin_log, fmt, backend, expected
+):
+    for layer in (1, 2, 3):  # every MoE layer of a model allocates alike
+        build_small(
+            fmt, backend, Topology(32), prefix=f"model.layers.{layer}.block_sparse_moe"
+        )
+    (record,) = plugin_log.records
+    assert record.levelno == logging.INFO
+    assert record.getMessage() == f"vllm-kimi-k3-moe: {expected}"
+
+
+@pytest.mark.parametrize("fmt", PUBLISHED_FORMATS)
+def test_every_published_format_has_a_rule(build_small, fmt):
+    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import partition_rules
+
+    backend = {"ct-fp8-block": "triton", "bf16": "triton"}.get(fmt, "marlin")
+    experts = build_small(fmt, backend, Topology(32))
+    assert partition_rules.rule_for(experts.quant_method) is not None, fmt
