@@ -1,0 +1,113 @@
+"""FP8-block and NVFP4 Kimi-K3 experts load through vLLM's real weight loader
+into the plugin's partitions: each TP32 rank holds exactly its rows, the pad
+receives nothing, and the 32 ranks together hold every checkpoint element
+once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.kimi_k3 import kimi_k3_shapes as k3
+from tests.models.kimi_k3.conftest import Topology
+from tests.models.kimi_k3.traced_checkpoint import (
+    UNWRITTEN,
+    checkpoint_indices,
+    digit_planes,
+    fp8_block_tensors,
+    load_and_decode,
+    nvfp4_tensors,
+)
+
+TP_SIZE = 32
+INTERMEDIATE = k3.MOE_INTERMEDIATE_SIZE  # 3072
+HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256
+EXPERTS = k3.SMALL_NUM_EXPERTS
+
+# (format, --moe-backend, checkpoint tensors, partition per rank, checkpoint
+# intermediate rows [start, end) that ranks 0, 23 and 31 hold)
+CASES = [
+    # whole 128-row blocks per rank (block scales stay rank-local): ranks
+    # 0-23 hold 128 rows each, ranks 24-31 none
+    ("ct-fp8-block", "triton", fp8_block_tensors, 128, [(0, 128), (2944, 3072), None]),
+    # the logical 96 rows per rank, no pad at allocation
+    (
+        "ct-nvfp4",
+        "flashinfer_cutedsl",
+        nvfp4_tensors,
+        96,
+        [(0, 96), (2208, 2304), (2976, 3072)],
+    ),
+    # 96 rows per rank in a 128-row partition (CUTLASS weight prep)
+    ("ct-nvfp4", "cutlass", nvfp4_tensors, 128, [(0, 96), (2208, 2304), (2976, 3072)]),
+]
+IDS = ["fp8-block-triton", "nvfp4-flashinfer", "nvfp4-cutlass"]
+
+
+def expected_placement(decoded, indices, partition, rows):
+    """What each traced parameter must hold when a rank owns checkpoint
+    intermediate ``rows`` (None: nothing) in a ``partition``-row partition."""
+    expected = {name: torch.full_like(t, UNWRITTEN) for name, t in decoded.items()}
+    if rows is None:
+        return expected
+    start, end = rows
+    for (expert, tensor), index in indices.items():
+        target = expected[tensor.parameter][expert]
+        if tensor.projection == "w2":  # intermediate is the input (column) dim
+            unit = INTERMEDIATE // tensor.shape[1]
+            count = (end - start) // unit
+            target[:, :count] = index[:, start // unit : end // unit]
+        else:  # intermediate is the output (row) dim; w3 fills the second half
+            unit = INTERMEDIATE // tensor.shape[0]
+            count = (end - start) // unit
+            first = 0 if tensor.projection == "w1" else partition // unit
+            target[first : first + count] = index[start // unit : end // unit]
+    return expected
+
+
+@pytest.mark.parametrize(
+    ("fmt", "backend", "tensors", "partition", "held"), CASES, ids=IDS
+)
+@pytest.mark.parametrize("rank_index", [0, 1, 2])
+def test_tp32_rank_holds_exactly_its_rows(
+    format_experts, fmt, backend, tensors, partition, held, rank_index
+):
+    rank = (0, 23, 31)[rank_index]
+    indices = checkpoint_indices(EXPERTS, tensors(HIDDEN, INTERMEDIATE))
+
+    def make():
+        experts = format_experts(
+            fmt, backend, Topology(TP_SIZE, rank), small=True, device="cpu"
+        )
+        assert experts.intermediate_size_per_partition == partition
+        return experts
+
+    decoded = load_and_decode(make, digit_planes(indices))
+    expected = expected_placement(decoded, indices, partition, held[rank_index])
+    for name in decoded:
+        assert torch.equal(decoded[name], expected[name]), name
+
+
+@pytest.mark.parametrize(
+    ("fmt", "backend", "tensors", "partition", "held"), CASES, ids=IDS
+)
+def test_every_checkpoint_element_lands_exactly_once_across_tp32(
+    format_experts, fmt, backend, tensors, partition, held
+):
+    indices = checkpoint_indices(EXPERTS, tensors(HIDDEN, INTERMEDIATE))
+    total = sum(index.numel() for index in indices.values())
+    planes = digit_planes(indices)
+    landed = []
+    for rank in range(TP_SIZE):
+        decoded = load_and_decode(
+            lambda rank=rank: format_experts(
+                fmt, backend, Topology(TP_SIZE, rank), small=True, device="cpu"
+            ),
+            planes,
+        )
+        for values in decoded.values():
+            landed.append(values[values != UNWRITTEN])
+    counts = torch.bincount(torch.cat(landed), minlength=total)
+    assert counts.numel() == total, "decoded an index beyond the checkpoint"
+    assert int((counts == 0).sum()) == 0, "checkpoint elements never loaded"
+    assert int((counts > 1).sum()) == 0, "checkpoint elements loaded twice"
