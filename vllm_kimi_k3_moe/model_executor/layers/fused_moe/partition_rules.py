@@ -1,8 +1,10 @@
 """Per quantization method: the smallest per-rank MoE partition its kernel takes.
 
-Each rule asks vLLM 0.33.0's own code which partitions a method accepts; this
-module restates no kernel alignment. The methods, and the check each rule
-calls, for the formats Kimi-K3 is published in:
+Each rule asks vLLM 0.33.0's own code which partitions a method accepts; the
+one number restated here (NVFP4's 128-row scale tiles, which vLLM computes
+inside a function that needs a GPU) is held to vLLM's weight preparation by
+the test suite. The methods, and the check each rule calls, for the formats
+Kimi-K3 is published in:
 
 ==========================================  =====================================
 method (format)                             rule
@@ -29,7 +31,9 @@ block [128, 128] (FP8 block)                (oracle/fp8.py): whole checkpoint
                                             (``prepare_nvfp4_moe_layer_for_fi_or_
                                             cutlass``: ``swizzle_blockscale``
                                             pads the 2N gate/up scale rows to
-                                            128); the others pad at prep
+                                            128); the others zero-pad at prep
+                                            (``align_fp4_moe_weights_for_fi``,
+                                            Marlin, Humming)
 ``CompressedTensorsWNA16MoEMethod``         ``create_weights``' group check and,
 (INT4 W4A16)                                on Marlin,
                                             ``check_moe_marlin_supports_config``
