@@ -44,11 +44,20 @@ def owners_of_importable_files() -> dict[str, set[str]]:
     return owners
 
 
+def source_of(name: str) -> str:
+    """The module a file belongs to: ``pkg/__pycache__/mod.cpython-311.pyc``
+    (which pip lists in RECORD) is ``pkg/mod.py``."""
+    path = Path(name)
+    if path.parent.name == "__pycache__" and path.suffix == ".pyc":
+        return (path.parent.parent / f"{path.name.split('.')[0]}.py").as_posix()
+    return name
+
+
 def test_no_file_is_installed_by_two_distributions():
     overlaps = {
         name: sorted(dists)
         for name, dists in owners_of_importable_files().items()
-        if len(dists) > 1 and SHARED_ON_PURPOSE.get(name) != dists
+        if len(dists) > 1 and SHARED_ON_PURPOSE.get(source_of(name)) != dists
     }
     assert not overlaps, "two distributions install the same file:\n" + "\n".join(
         f"  {name}: {' and '.join(dists)}" for name, dists in sorted(overlaps.items())
