@@ -17,8 +17,14 @@ Patch index (each module opens with its full ledger entry):
 
 ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts``
     Kimi-K3 routed-expert parameters' ``weight_loader``: refuses checkpoint
-    tensors of the wrong shape, duplicated and never-loaded expert tensors.
-    Delete when vLLM's expert loader validates these itself.
+    tensors of the wrong shape, duplicated and never-loaded expert tensors,
+    in every format whose layout it knows. Delete when vLLM's expert loader
+    validates these itself.
+
+``vllm_kimi_k3_moe.model_executor.model_loader.default_loader``
+    ``DefaultModelLoader.get_all_weights``: remembers the checkpoint key of
+    the tensor being loaded, so loading errors name it as the checkpoint
+    does. Delete with the strict expert loader.
 
 ``register()`` only installs an import hook: the patches apply when vLLM imports
 the Kimi-K3 NVIDIA model module, in whichever process does so.
@@ -39,6 +45,7 @@ logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
 KIMI_K3_PACKAGE = "vllm.models.kimi_k3"
 KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
 ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
+DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
 
 _registered = False
 _warned: set[str] = set()
@@ -68,12 +75,19 @@ def _patch_nvidia_model(module: ModuleType) -> None:
     patch.apply(module)
     # The model module imports vLLM's fused MoE package: this runs now.
     call_after_import(ROUTED_EXPERTS, _patch_routed_experts_partition)
+    call_after_import(DEFAULT_LOADER, _patch_default_loader)
 
 
 def _patch_routed_experts_partition(module: ModuleType) -> None:
     from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
         routed_experts_partition as patch,
     )
+
+    patch.apply(module)
+
+
+def _patch_default_loader(module: ModuleType) -> None:
+    from vllm_kimi_k3_moe.model_executor.model_loader import default_loader as patch
 
     patch.apply(module)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_k3_moe.expert_tensor_layouts import PROJECTIONS, expert_tensor_shape
 from vllm_kimi_k3_moe.kimi_k3_text_config import (
     ConfigFileError,
     main_moe_layers,
@@ -23,7 +24,6 @@ from vllm_kimi_k3_moe.kimi_k3_text_config import (
     read_config_document,
     text_config_fields,
 )
-from vllm_kimi_k3_moe.mxfp4_expert_layout import PROJECTIONS, expert_tensor_shape
 from vllm_kimi_k3_moe.plan import PlanError, validate_backend, validate_topology
 from vllm_kimi_k3_moe.safetensors_headers import (
     CheckpointDirError,

@@ -9,7 +9,7 @@ from vllm_kimi_k3_moe.checkpoint_preflight import (
     PreflightReport,
     layer_ranges,
 )
-from vllm_kimi_k3_moe.mxfp4_expert_layout import PROJECTIONS
+from vllm_kimi_k3_moe.expert_tensor_layouts import PROJECTIONS
 from vllm_kimi_k3_moe.plan import MoeMemoryPlan
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from vllm_kimi_k3_moe.expert_tensor_layouts import MXFP4_BLOCK
 from vllm_kimi_k3_moe.kimi_k3_text_config import moe_layer_count
-from vllm_kimi_k3_moe.mxfp4_expert_layout import MXFP4_BLOCK
 from vllm_kimi_k3_moe.simulated_rank import QUANTIZATION_PATHS
 
 # vLLM's Mxfp4MoeBackend members that run on NVIDIA GPUs (ROCm, XPU and CPU

@@ -266,3 +266,40 @@ def test_without_the_plugin_the_same_load_allocates_upstreams_sizes(
         lambda layer, expert, tensor: reassemble_tp(ranks, layer, expert, tensor),
         checkpoint[1],
     )
+
+
+@pytest.mark.parametrize(
+    ("projection", "kind"), [("w1", "weight_packed"), ("w2", "weight_scale")]
+)
+def test_mis_shaped_tensor_is_named_as_the_checkpoint_names_it(
+    tmp_path, kimi_model, rank_config, moe_layers_only_model, projection, kind
+) -> None:
+    """vLLM renames the tensor twice on its way to the expert loader
+    (``language_model.model.layers``, native MXFP4's ``.weight``); the error
+    names the key of the checkpoint's index."""
+    from vllm.config import ModelConfig
+
+    from tests.models.kimi_k3.kimi_k3_checkpoint import (
+        checkpoint_tensors,
+        split_into_shards,
+    )
+
+    name = expert_tensor_name(1, 2, projection, kind)
+    tensors = checkpoint_tensors(SPEC)
+    rows, cols = tensors[name].shape
+    tensors[name] = tensors[name][:, : cols // 2].contiguous()  # half the width
+    write_checkpoint(tmp_path, SPEC, split_into_shards(tensors, SPEC.shards))
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert name in index["weight_map"]
+
+    with pytest.raises(ValueError) as raised:
+        load_rank(
+            Topology(32),
+            ModelConfig(model=str(tmp_path), skip_tokenizer_init=True),
+            rank_config,
+            moe_layers_only_model,
+            kimi_model.KimiMoE,
+        )
+    message = str(raised.value)
+    assert message.startswith(f"Kimi-K3 checkpoint tensor {name} (expert 2,")
+    assert f"has shape {(rows, cols // 2)}, expected {(rows, cols)}" in message

@@ -18,7 +18,6 @@ from tests.models.kimi_k3.conftest import (
 from tests.models.kimi_k3.mxfp4_checkpoint import (
     checkpoint_indices,
     digit_plane,
-    expert_parameter_name,
     expert_parameters,
     load_checkpoint,
 )
@@ -57,8 +56,11 @@ def ledger(experts):
     return strict_loading.expert_loading(experts)
 
 
-def checkpoint_name(experts, expert: int, shard: str, kind: str) -> str:
-    suffix = expert_parameter_name(experts, shard, kind).split("_", 1)[1]
+def checkpoint_name(expert: int, shard: str, kind: str) -> str:
+    """The key errors name: the checkpoint's, whose packed MXFP4 weights are
+    ``weight_packed`` on both paths (native MXFP4 loads them into
+    ``w13_weight``). Fed to the loader directly, keys start at the layer."""
+    suffix = "weight_packed" if kind == "weight" else kind
     return f"{LAYER}.{expert}.{shard}.{suffix}"
 
 
@@ -107,7 +109,7 @@ def test_malformed_tensor_is_refused_before_any_copy(
         load_checkpoint(experts, {(2, shard, kind): bad})
 
     message = str(raised.value)
-    assert checkpoint_name(experts, 2, shard, kind) in message
+    assert checkpoint_name(2, shard, kind) in message
     assert "expert 2" in message
     assert str(expected) in message
     assert str(tuple(malformed)) in message
@@ -126,7 +128,7 @@ def test_duplicated_tensor_is_refused_before_any_copy(
     with pytest.raises(ValueError, match="second time") as raised:
         load_checkpoint(experts, {(1, "w3", "weight"): again})
 
-    assert checkpoint_name(experts, 1, "w3", "weight") in str(raised.value)
+    assert checkpoint_name(1, "w3", "weight") in str(raised.value)
     assert "expert 1" in str(raised.value)
     assert_unchanged(experts, before)
 
@@ -159,12 +161,11 @@ def test_incomplete_checkpoint_is_reported_by_name(
     message = str(raised.value)
     assert f"{len(omitted)} routed-expert checkpoint tensors" in message
     assert LAYER in message
-    if quantization == "compressed-tensors":  # weights are "weight_packed" there
-        listed = {
-            e: [t.replace("weight", "weight_packed", 1) if "scale" not in t else t
-                for t in ts]
-            for e, ts in listed.items()
-        }  # fmt: skip
+    listed = {  # packed weights are "weight_packed" in the checkpoint
+        e: [t.replace("weight", "weight_packed", 1) if "scale" not in t else t
+            for t in ts]
+        for e, ts in listed.items()
+    }  # fmt: skip
     expected = "; ".join(
         f"expert {e} ({', '.join(sorted(ts))})" for e, ts in sorted(listed.items())
     )
@@ -176,7 +177,7 @@ def test_completeness_runs_before_weight_processing(build_kimi_moe, checkpoint):
     checkpoint is read; an incomplete layer fails there, before any repacking."""
     experts = build(build_kimi_moe)
     load_checkpoint(experts, {k: v for k, v in checkpoint.items() if k[0] != 0})
-    with pytest.raises(ValueError, match=re.escape("expert 0 (w1.weight,")):
+    with pytest.raises(ValueError, match=re.escape("expert 0 (w1.weight_packed,")):
         experts.quant_method.process_weights_after_loading(experts)
 
 
@@ -199,7 +200,7 @@ def test_expert_parallel_rank_needs_only_its_experts(build_kimi_moe, checkpoint)
 
     other_rank = build(build_kimi_moe, topology=Topology(4, 3, expert_parallel=True))
     load_checkpoint(other_rank, {k: v for k, v in checkpoint.items() if k[0] != 3})
-    with pytest.raises(ValueError, match=re.escape("expert 3 (w1.weight,")):
+    with pytest.raises(ValueError, match=re.escape("expert 3 (w1.weight_packed,")):
         ledger(other_rank).check_complete()
 
 

@@ -4,12 +4,14 @@ Patch ledger entry
 ------------------
 Replaces
     For the routed experts of each Kimi-K3 NVIDIA ``KimiMoE`` (main model and
-    MTP draft) on an MXFP4 quantization method (``Mxfp4MoEMethod`` and its
-    subclasses, ``CompressedTensorsW4A4Mxfp4MoEMethod``): the ``weight_loader``
-    attribute of each expert weight and scale parameter (upstream: the bound
-    ``RoutedExperts.weight_loader``) and the layer's
-    ``quant_method.process_weights_after_loading``. Both are instance
-    attributes; no vLLM class or other model is touched.
+    MTP draft) in a format whose checkpoint layout is known
+    (``expert_tensor_layouts``: MXFP4 native and compressed-tensors, FP8
+    block, NVFP4 compressed-tensors and ModelOpt, INT4 W4A16, BF16): the
+    ``weight_loader`` attribute of each TP-sharded expert weight and scale
+    parameter (upstream: the bound ``RoutedExperts.weight_loader``) and the
+    layer's ``quant_method.process_weights_after_loading``. Both are instance
+    attributes; no vLLM class or other model is touched. Per-tensor scales
+    (NVFP4 global scales, W4A16 ``weight_shape``) load as upstream.
 Why
     vLLM 0.33.0's generic expert loader narrows or partially copies
     wrong-sized checkpoint tensors without a word (an intermediate of 2048,
@@ -18,12 +20,14 @@ Why
     that expert.
 How
     Before upstream's loader runs, the checkpoint tensor's shape is compared
-    with the logical expert shape (w1/w3 ``[moe_intermediate_size, hidden]``,
-    w2 ``[hidden, moe_intermediate_size]``; MXFP4 packs the last dimension two
-    values per byte and keeps one scale byte per 32 values); a mismatch raises
-    ``ValueError`` naming the checkpoint tensor, the expert and both shapes,
-    before any byte is copied. Valid tensors are handed on as they are. Each
-    slice (expert x w1/w2/w3 x weight/scale) written on this rank is recorded;
+    with the logical expert shape of its format (w1/w3
+    ``[moe_intermediate_size, hidden]``, w2 ``[hidden, moe_intermediate_size]``,
+    packed or grouped as the format stores them); a mismatch raises
+    ``ValueError`` naming the checkpoint tensor by its key in the checkpoint
+    (``vllm_kimi_k3_moe.model_executor.model_loader.default_loader``), the
+    expert and both shapes, before any byte is copied. Valid tensors are
+    handed on as they are. Each slice (expert x projection x TP-sharded
+    suffix) written on this rank is recorded;
     a second write raises before copying. Just before the quantization method
     post-processes the layer, slices never written raise ``ValueError``
     listing them. A layer that received no expert tensor at all is left alone
@@ -31,7 +35,7 @@ How
     and pre-processed weight caches fill parameters without the loader).
 Related PR
     None upstream: vLLM's generic loader has the same gap for every MoE model;
-    this plugin closes it for Kimi-K3, whose 1.56 TB checkpoint makes a
+    this plugin closes it for Kimi-K3, whose 1.5-2.8 TB checkpoints make a
     silently wrong expert costly to find.
 Delete when
     vLLM's ``RoutedExperts.weight_loader`` validates expert shapes and
@@ -51,10 +55,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from vllm_kimi_k3_moe.mxfp4_expert_layout import expert_tensor_shape
+from vllm_kimi_k3_moe import expert_tensor_layouts as layouts
+from vllm_kimi_k3_moe.expert_tensor_layouts import ExpertTensorLayout
+from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
+    checkpoint_key_of,
+)
 
-# Expert parameters of the MXFP4 methods: "w13_weight_packed" -> (w13, weight_packed)
-_EXPERT_PARAMETER = re.compile(r"(w13|w2)_(weight(?:_packed|_scale)?)")
+# Expert parameters: "w13_weight_packed" -> (w13, weight_packed)
+_EXPERT_PARAMETER = re.compile(r"(w13|w2)_(\w+)")
 
 _loaded_layers: weakref.WeakSet[StrictExpertLoading] = weakref.WeakSet()
 
@@ -64,43 +72,40 @@ class ExpertSlice:
     """One checkpoint tensor of one expert, as this rank holds it."""
 
     expert_id: int
-    shard: str  # w1 (gate), w3 (up), w2 (down)
-    suffix: str  # weight, weight_packed or weight_scale
+    projection: str  # w1 (gate), w3 (up), w2 (down)
+    suffix: str  # as in the checkpoint: weight, weight_packed, weight_scale
 
     def __str__(self) -> str:
-        return f"{self.expert_id}.{self.shard}.{self.suffix}"
+        return f"{self.expert_id}.{self.projection}.{self.suffix}"
 
 
 class StrictExpertLoading:
     """Shape checks and a write ledger for one Kimi-K3 ``RoutedExperts``."""
 
-    def __init__(self, experts: nn.Module, moe_intermediate_size: int) -> None:
+    def __init__(
+        self, experts: nn.Module, moe_intermediate_size: int, format_name: str
+    ) -> None:
         self.experts = experts
         self.layer_name: str = experts.layer_name
         self.hidden_size: int = experts.moe_config.hidden_dim_unpadded
         self.intermediate_size = moe_intermediate_size
-        # (shard, suffix) of every checkpoint tensor an expert of this layer has
-        self.expert_tensors: list[tuple[str, str]] = []
+        self.format_name = format_name
+        # (projection, layout) of every checkpoint tensor an expert has here
+        self.expert_tensors: list[tuple[str, ExpertTensorLayout]] = []
         self.written: set[ExpertSlice] = set()
+        # What this layer's keys start with in the checkpoint, once seen.
+        self.checkpoint_prefix = f"{self.layer_name}."
 
     def checkpoint_name(self, expert_slice: ExpertSlice) -> str:
-        """The name vLLM's Kimi-K3 expert mapping reads this slice from."""
-        return f"{self.layer_name}.{expert_slice}"
-
-    def expected_shape(self, expert_slice: ExpertSlice) -> tuple[int, int]:
-        return expert_tensor_shape(
-            expert_slice.shard,
-            expert_slice.suffix,
-            self.hidden_size,
-            self.intermediate_size,
-        )
+        """This slice's key in the checkpoint (as far as this layer knows)."""
+        return f"{self.checkpoint_prefix}{expert_slice}"
 
     def is_local(self, expert_id: int) -> bool:
         return bool(self.experts.expert_map_manager.is_local_expert(expert_id))
 
-    def loader_for(self, suffix: str) -> Callable[..., Any]:
+    def loader_for(self, layout: ExpertTensorLayout) -> Callable[..., Any]:
         """The ``weight_loader`` for the expert parameter whose checkpoint
-        tensors end in ``suffix`` (weight, weight_packed or weight_scale)."""
+        tensors are laid out as ``layout``."""
 
         def weight_loader(
             param: nn.Parameter,
@@ -110,8 +115,9 @@ class StrictExpertLoading:
             expert_id: int,
             return_success: bool = False,
         ) -> bool | None:
-            expert_slice = ExpertSlice(expert_id, shard_id, suffix)
-            self.check_shape(expert_slice, loaded_weight, weight_name)
+            expert_slice = ExpertSlice(expert_id, shard_id, layout.suffix)
+            self.learn_checkpoint_prefix(expert_slice, loaded_weight)
+            self.check_shape(expert_slice, layout, loaded_weight, weight_name)
             local = self.is_local(expert_id)
             if local and expert_slice in self.written:
                 raise ValueError(
@@ -134,10 +140,23 @@ class StrictExpertLoading:
 
         return weight_loader
 
-    def check_shape(
-        self, expert_slice: ExpertSlice, loaded_weight: torch.Tensor, weight_name: str
+    def learn_checkpoint_prefix(
+        self, expert_slice: ExpertSlice, loaded_weight: torch.Tensor
     ) -> None:
-        expected = self.expected_shape(expert_slice)
+        key = checkpoint_key_of(loaded_weight)
+        if key is not None and key.endswith(f".{expert_slice}"):
+            self.checkpoint_prefix = key[: -len(str(expert_slice))]
+
+    def check_shape(
+        self,
+        expert_slice: ExpertSlice,
+        layout: ExpertTensorLayout,
+        loaded_weight: torch.Tensor,
+        weight_name: str,
+    ) -> None:
+        expected = layout.shape(
+            expert_slice.projection, self.hidden_size, self.intermediate_size
+        )
         actual = tuple(loaded_weight.shape)
         if actual != expected:
             raise ValueError(
@@ -145,15 +164,15 @@ class StrictExpertLoading:
                 f"(expert {expert_slice.expert_id}, loaded into {weight_name}) has "
                 f"shape {actual}, expected {expected} for moe_intermediate_size="
                 f"{self.intermediate_size} and expert hidden size "
-                f"{self.hidden_size} in MXFP4."
+                f"{self.hidden_size} in {self.format_name}."
             )
 
     def expected_slices(self) -> set[ExpertSlice]:
         """Every slice this rank must receive: its local experts' tensors."""
         local = [e for e in range(self.experts.global_num_experts) if self.is_local(e)]
         return {
-            ExpertSlice(expert, shard, suffix)
-            for shard, suffix in self.expert_tensors
+            ExpertSlice(expert, projection, layout.suffix)
+            for projection, layout in self.expert_tensors
             for expert in local
         }
 
@@ -167,9 +186,9 @@ class StrictExpertLoading:
         missing = self.missing()
         if missing:
             raise ValueError(
-                f"Kimi-K3 layer {self.layer_name}: {len(missing)} routed-expert "
-                f"checkpoint tensors were never loaded: {_describe(missing)}. "
-                "The checkpoint is incomplete."
+                f"Kimi-K3 layer {self.checkpoint_prefix.rstrip('.')}: "
+                f"{len(missing)} routed-expert checkpoint tensors were never "
+                f"loaded: {_describe(missing)}. The checkpoint is incomplete."
             )
 
 
@@ -177,7 +196,7 @@ def _describe(missing: list[ExpertSlice], max_experts: int = 16) -> str:
     by_expert: dict[int, list[str]] = defaultdict(list)
     for expert_slice in missing:
         by_expert[expert_slice.expert_id].append(
-            f"{expert_slice.shard}.{expert_slice.suffix}"
+            f"{expert_slice.projection}.{expert_slice.suffix}"
         )
     shown = [
         f"expert {expert} ({', '.join(tensors)})"
@@ -188,36 +207,72 @@ def _describe(missing: list[ExpertSlice], max_experts: int = 16) -> str:
     return "; ".join(shown)
 
 
-def _strict_method(quant_method: Any) -> bool:
-    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_mxfp4 import (  # noqa: E501
-        CompressedTensorsW4A4Mxfp4MoEMethod,
-    )
-    from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
+def expert_layouts(method: Any) -> tuple[str, dict[str, ExpertTensorLayout]] | None:
+    """The checkpoint format of ``method``'s experts and, per expert parameter
+    suffix (``w13_<suffix>``), the layout of the checkpoint tensors it loads;
+    None for a method whose checkpoint layout the plugin does not know."""
+    for cls in type(method).__mro__:
+        name = cls.__name__
+        if name == "Mxfp4MoEMethod":
+            # Native MXFP4 names its packed parameter w13_weight; the loader
+            # renames the checkpoint's weight_packed to it.
+            packed, scale = layouts.mxfp4()
+            return "MXFP4", {"weight": packed, "weight_scale": scale}
+        if name == "CompressedTensorsW4A4Mxfp4MoEMethod":
+            return "MXFP4", _by_suffix(layouts.mxfp4())
+        if name == "CompressedTensorsW8A8Fp8MoEMethod":
+            if not method.block_quant:
+                return None
+            block_out, block_in = method.weight_block_size
+            return "FP8 block", _by_suffix(layouts.fp8_block(block_out, block_in))
+        if name == "CompressedTensorsW4A4Nvfp4MoEMethod":
+            return "NVFP4", _by_suffix(layouts.nvfp4("weight_packed"))
+        if name == "ModelOptNvFp4FusedMoE":
+            return "ModelOpt NVFP4", _by_suffix(layouts.nvfp4("weight"))
+        if name == "CompressedTensorsWNA16MoEMethod":
+            if method.group_size <= 0:
+                return None
+            return "INT4 W4A16", _by_suffix(
+                layouts.int_packed(method.num_bits, method.group_size)
+            )
+        if name == "UnquantizedFusedMoEMethod":
+            return "BF16", _by_suffix(layouts.unquantized())
+    return None
 
-    return isinstance(
-        quant_method, (Mxfp4MoEMethod, CompressedTensorsW4A4Mxfp4MoEMethod)
-    )
+
+def _by_suffix(
+    tensor_layouts: tuple[ExpertTensorLayout, ...],
+) -> dict[str, ExpertTensorLayout]:
+    return {layout.suffix: layout for layout in tensor_layouts}
 
 
 def make_expert_loading_strict(kimi_moe: nn.Module, moe_intermediate_size: int) -> None:
-    """Install strict loading on the MXFP4 routed experts inside ``kimi_moe``."""
+    """Install strict loading on the routed experts inside ``kimi_moe``."""
     from vllm.model_executor.layers.fused_moe import RoutedExperts
 
     for experts in kimi_moe.modules():
-        if isinstance(experts, RoutedExperts) and _strict_method(experts.quant_method):
-            _install(experts, moe_intermediate_size)
+        if isinstance(experts, RoutedExperts):
+            known = expert_layouts(experts.quant_method)
+            if known is not None:
+                _install(experts, moe_intermediate_size, *known)
 
 
-def _install(experts: nn.Module, moe_intermediate_size: int) -> None:
-    loading = StrictExpertLoading(experts, moe_intermediate_size)
+def _install(
+    experts: nn.Module,
+    moe_intermediate_size: int,
+    format_name: str,
+    by_parameter_suffix: dict[str, ExpertTensorLayout],
+) -> None:
+    loading = StrictExpertLoading(experts, moe_intermediate_size, format_name)
     for name, param in experts.named_parameters(recurse=False):
         match = _EXPERT_PARAMETER.fullmatch(name)
-        if match is None:
+        if match is None or match.group(2) not in by_parameter_suffix:
             continue
         stem, suffix = match.groups()
-        shards = ("w1", "w3") if stem == "w13" else ("w2",)
-        loading.expert_tensors += [(shard, suffix) for shard in shards]
-        param.weight_loader = loading.loader_for(suffix)
+        layout = by_parameter_suffix[suffix]
+        projections = ("w1", "w3") if stem == "w13" else ("w2",)
+        loading.expert_tensors += [(projection, layout) for projection in projections]
+        param.weight_loader = loading.loader_for(layout)
 
     quant_method = experts.quant_method
     process_weights = quant_method.process_weights_after_loading

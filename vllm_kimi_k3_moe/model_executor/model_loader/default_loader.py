@@ -1,0 +1,83 @@
+"""Kimi-K3 loading errors name the checkpoint's own tensor keys.
+
+Patch ledger entry
+------------------
+Replaces
+    ``vllm.model_executor.model_loader.default_loader.DefaultModelLoader.
+    get_all_weights`` (class attribute; a generator that yields what upstream
+    yields, unchanged and in order).
+Why
+    By the time a tensor reaches an expert parameter's ``weight_loader``,
+    vLLM has renamed it twice (the model's ``hf_to_vllm_mapper``:
+    ``language_model.layers.`` -> ``language_model.model.layers.``; native
+    MXFP4: ``.weight_packed`` -> ``.weight``). An error naming the renamed
+    tensor sends an operator looking for a key the checkpoint's index does
+    not have.
+How
+    The wrapper remembers the last (key, tensor) it yielded. Loading is one
+    pass over that generator, and vLLM hands each expert tensor object on to
+    its ``weight_loader`` before asking for the next, so the strict expert
+    loader (``vllm_kimi_k3_moe.model_executor.layers.fused_moe.
+    routed_experts``) recovers the key by identity of the tensor it was
+    given; anything else (another loader, a transformed tensor) falls back
+    to vLLM's name.
+Related PR
+    None upstream: vLLM's loaders do not pass the checkpoint key along.
+Delete when
+    With the strict expert loader, or when vLLM's weight loaders receive the
+    checkpoint key (re-check at every vLLM bump; the plugin refuses anything
+    but vLLM 0.33.x).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Generator
+from types import ModuleType
+from typing import Any
+
+
+class _LastYielded:
+    """The (key, tensor) the wrapped generator yielded last, in this process."""
+
+    key: str | None = None
+    tensor: Any = None
+
+
+def checkpoint_key_of(tensor: Any) -> str | None:
+    """The checkpoint key ``tensor`` was read under, if it is the tensor the
+    default loader yielded last."""
+    if tensor is not None and tensor is _LastYielded.tensor:
+        return _LastYielded.key
+    return None
+
+
+def _remembering_keys(own: Callable) -> Callable:
+    @functools.wraps(own)
+    def get_all_weights(
+        self: Any, *args: Any, **kwargs: Any
+    ) -> Generator[tuple[str, Any], None, None]:
+        try:
+            for key, tensor in own(self, *args, **kwargs):
+                _LastYielded.key, _LastYielded.tensor = key, tensor
+                yield key, tensor
+        finally:
+            _LastYielded.key, _LastYielded.tensor = None, None
+
+    get_all_weights.kimi_k3_wraps = own
+    return get_all_weights
+
+
+def apply(upstream: ModuleType) -> None:
+    """Install the patch into the imported upstream module (idempotent)."""
+    loader = upstream.DefaultModelLoader
+    if not hasattr(loader.get_all_weights, "kimi_k3_wraps"):
+        loader.get_all_weights = _remembering_keys(loader.get_all_weights)
+
+
+def revert(upstream: ModuleType) -> None:
+    """Put upstream's own ``get_all_weights`` back (idempotent)."""
+    loader = upstream.DefaultModelLoader
+    own = getattr(loader.get_all_weights, "kimi_k3_wraps", None)
+    if own is not None:
+        loader.get_all_weights = own
