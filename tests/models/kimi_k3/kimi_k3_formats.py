@@ -12,6 +12,11 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_kimi_k3_moe.simulated_rank import (
+    COMPRESSED_TENSORS_MXFP4_EXPERTS,
+    MXFP4_WEIGHT_ARGS,
+)
+
 EXPERTS_ONLY = [r"re:.*\.experts\.\d+\..+"]
 
 
@@ -32,24 +37,19 @@ def _compressed_tensors(weights: dict, inputs: dict | None, fmt: str) -> dict:
 
 
 FP8 = {"num_bits": 8, "type": "float", "symmetric": True}
+
+
+# INT4: as MXFP4's weights, but integers.
+INT4_GROUP_32 = {**MXFP4_WEIGHT_ARGS, "type": "int"}
+
+
 NVFP4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}
 
 QUANTIZATION_CONFIGS: dict[str, dict[str, Any] | None] = {
     # Native MXFP4: what vLLM rewrites the released mxfp4-pack-quantized to.
     "mxfp4": {"quant_method": "mxfp4"},
     # Other compressed-tensors MXFP4 (FP4, groups of 32, E8M0 scales).
-    "ct-mxfp4": _compressed_tensors(
-        {
-            "num_bits": 4,
-            "type": "float",
-            "strategy": "group",
-            "group_size": 32,
-            "symmetric": True,
-            "dynamic": False,
-        },
-        None,
-        "pack-quantized",
-    ),
+    "ct-mxfp4": COMPRESSED_TENSORS_MXFP4_EXPERTS,
     # FP8 block [128, 128], activations dynamic per group of 128 (TP16 and up).
     "ct-fp8-block": _compressed_tensors(
         {**FP8, "dynamic": False, "strategy": "block", "block_structure": [128, 128]},
@@ -74,18 +74,7 @@ QUANTIZATION_CONFIGS: dict[str, dict[str, Any] | None] = {
         ],
     },
     # INT4 W4A16 conversions: int4, groups of 32, symmetric.
-    "ct-w4a16": _compressed_tensors(
-        {
-            "num_bits": 4,
-            "type": "int",
-            "strategy": "group",
-            "group_size": 32,
-            "symmetric": True,
-            "dynamic": False,
-        },
-        None,
-        "pack-quantized",
-    ),
+    "ct-w4a16": _compressed_tensors(INT4_GROUP_32, None, "pack-quantized"),
     # BF16 dequantizations: no quantization config at all.
     "bf16": None,
 }

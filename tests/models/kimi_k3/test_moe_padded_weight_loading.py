@@ -21,6 +21,7 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
     load_and_decode,
     load_checkpoint,
 )
+from tests.models.kimi_k3.traced_checkpoint import assert_every_element_once
 
 TP_SIZE = 32
 RAW_LOCAL = 96  # 3072 // 32
@@ -92,10 +93,7 @@ def test_every_checkpoint_element_lands_exactly_once_across_tp32(
         assert decoded["w2_weight"].shape[2] == PADDED_LOCAL // 2
         for values in decoded.values():
             landed.append(values[values != UNWRITTEN])
-    counts = torch.bincount(torch.cat(landed), minlength=total)
-    assert counts.numel() == total, "bytes decoded to an index beyond the checkpoint"
-    assert int((counts == 0).sum()) == 0, "checkpoint elements never loaded"
-    assert int((counts > 1).sum()) == 0, "checkpoint elements loaded twice"
+    assert_every_element_once(landed, total)
 
 
 @on_both_quantization_paths

@@ -200,3 +200,46 @@ def test_registration_on_supported_vllm_patches_imported_module(
     vllm_kimi_k3_moe.register()
     assert issubclass(kimi_model.KimiMoE, BackendPaddedKimiMoE)
     assert fresh_registration.records == []
+
+
+def _patched_modules():
+    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
+        routed_experts_partition,
+    )
+    from vllm_kimi_k3_moe.model_executor.model_loader import default_loader
+    from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model
+
+    return [
+        (model, NVIDIA_MODEL, lambda m: m.KimiMoE),
+        (
+            routed_experts_partition,
+            vllm_kimi_k3_moe.ROUTED_EXPERTS,
+            lambda m: m.RoutedExperts.__dict__["_get_quant_method"],
+        ),
+        (
+            default_loader,
+            vllm_kimi_k3_moe.DEFAULT_LOADER,
+            lambda m: m.DefaultModelLoader.__dict__["get_all_weights"],
+        ),
+    ]
+
+
+@pytest.mark.parametrize("index", range(3), ids=["model", "partition", "loader"])
+def test_each_patch_applies_once_and_reverts_to_upstream(kimi_model, index):
+    patch, module_name, patched_object = _patched_modules()[index]
+    upstream = importlib.import_module(module_name)
+    applied = patched_object(upstream)
+    try:
+        patch.revert(upstream)
+        original = patched_object(upstream)
+        assert original is not applied
+        patch.revert(upstream)  # reverting twice changes nothing
+        assert patched_object(upstream) is original
+        patch.apply(upstream)
+        again = patched_object(upstream)
+        assert again is not original
+        patch.apply(upstream)  # applying twice wraps once
+        assert patched_object(upstream) is again
+    finally:
+        patch.revert(upstream)
+        patch.apply(upstream)

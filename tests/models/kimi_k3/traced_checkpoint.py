@@ -39,56 +39,56 @@ class ExpertTensor:
         return f"{'w2' if self.projection == 'w2' else 'w13'}_{self.suffix}"
 
 
-def fp8_block_tensors(hidden: int, intermediate: int) -> list[ExpertTensor]:
-    """compressed-tensors FP8 block [128, 128]: float8 weights, one float32
-    scale per 128 x 128 block."""
-    block = 128
+def _expert_tensors(
+    hidden: int, intermediate: int, stored: list[tuple[str, int, int, torch.dtype]]
+) -> list[ExpertTensor]:
+    """Per projection, each ``(suffix, output values per element, input
+    values per element, dtype)``: w1/w3 are [intermediate, hidden], w2
+    [hidden, intermediate] before packing, grouping or blocking."""
     out = []
     for projection in PROJECTIONS:
         rows, cols = (
-            (hidden, intermediate)
-            if projection == "w2"
-            else (
-                intermediate,
-                hidden,
-            )
+            (hidden, intermediate) if projection == "w2" else (intermediate, hidden)
         )
-        out.append(
-            ExpertTensor(projection, "weight", (rows, cols), torch.float8_e4m3fn)
-        )
-        out.append(
-            ExpertTensor(
-                projection,
-                "weight_scale",
-                (rows // block, cols // block),
-                torch.float32,
-            )
-        )
+        for suffix, per_row, per_col, dtype in stored:
+            shape = (rows // per_row, cols // per_col)
+            out.append(ExpertTensor(projection, suffix, shape, dtype))
     return out
+
+
+def fp8_block_tensors(hidden: int, intermediate: int) -> list[ExpertTensor]:
+    """compressed-tensors FP8 block [128, 128]: float8 weights, one float32
+    scale per 128 x 128 block."""
+    return _expert_tensors(
+        hidden,
+        intermediate,
+        [
+            ("weight", 1, 1, torch.float8_e4m3fn),
+            ("weight_scale", 128, 128, torch.float32),
+        ],
+    )
 
 
 def nvfp4_tensors(hidden: int, intermediate: int) -> list[ExpertTensor]:
     """compressed-tensors NVFP4: FP4 packed two per byte, one float8 scale per
     16 values (per-expert global scales are not TP-sharded: not traced)."""
-    out = []
-    for projection in PROJECTIONS:
-        rows, cols = (
-            (hidden, intermediate)
-            if projection == "w2"
-            else (
-                intermediate,
-                hidden,
-            )
-        )
-        out.append(
-            ExpertTensor(projection, "weight_packed", (rows, cols // 2), torch.uint8)
-        )
-        out.append(
-            ExpertTensor(
-                projection, "weight_scale", (rows, cols // 16), torch.float8_e4m3fn
-            )
-        )
-    return out
+    return _expert_tensors(
+        hidden,
+        intermediate,
+        [
+            ("weight_packed", 1, 2, torch.uint8),
+            ("weight_scale", 1, 16, torch.float8_e4m3fn),
+        ],
+    )
+
+
+def assert_every_element_once(landed: list[torch.Tensor], total: int) -> None:
+    """``landed``: the checkpoint indices every rank holds. Each of the
+    ``total`` checkpoint elements must be held exactly once."""
+    counts = torch.bincount(torch.cat(landed), minlength=total)
+    assert counts.numel() == total, "decoded an index beyond the checkpoint"
+    assert int((counts == 0).sum()) == 0, "checkpoint elements never loaded"
+    assert int((counts > 1).sum()) == 0, "checkpoint elements loaded twice"
 
 
 Key = tuple[int, ExpertTensor]  # (expert id, tensor)

@@ -36,6 +36,8 @@ from collections.abc import Callable, Generator
 from types import ModuleType
 from typing import Any
 
+from vllm_kimi_k3_moe.method_wrapping import unwrap_method, wrap_method
+
 
 class _LastYielded:
     """The (key, tensor) the wrapped generator yielded last, in this process."""
@@ -64,20 +66,14 @@ def _remembering_keys(own: Callable) -> Callable:
         finally:
             _LastYielded.key, _LastYielded.tensor = None, None
 
-    get_all_weights.kimi_k3_wraps = own
     return get_all_weights
 
 
 def apply(upstream: ModuleType) -> None:
     """Install the patch into the imported upstream module (idempotent)."""
-    loader = upstream.DefaultModelLoader
-    if not hasattr(loader.get_all_weights, "kimi_k3_wraps"):
-        loader.get_all_weights = _remembering_keys(loader.get_all_weights)
+    wrap_method(upstream.DefaultModelLoader, "get_all_weights", _remembering_keys)
 
 
 def revert(upstream: ModuleType) -> None:
     """Put upstream's own ``get_all_weights`` back (idempotent)."""
-    loader = upstream.DefaultModelLoader
-    own = getattr(loader.get_all_weights, "kimi_k3_wraps", None)
-    if own is not None:
-        loader.get_all_weights = own
+    unwrap_method(upstream.DefaultModelLoader, "get_all_weights")

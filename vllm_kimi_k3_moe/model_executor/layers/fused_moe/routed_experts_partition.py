@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from vllm_kimi_k3_moe.method_wrapping import unwrap_method, wrap_method
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import partition_rules
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition_rules import RoundUp
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
@@ -195,13 +196,6 @@ def _install(method: Any, build: KimiMoEBuild) -> None:
 
     method.maybe_roundup_sizes = maybe_roundup_sizes
     method.create_weights = create_weights
-    method.kimi_k3_partition = choice
-
-
-def partition_choice(method: Any) -> PartitionChoice | None:
-    """What the plugin chose for ``method``'s layer (None: left as upstream)."""
-    choice = getattr(method, "kimi_k3_partition", None)
-    return choice[0] if choice else None
 
 
 def _kimi_k3_get_quant_method(own: Callable) -> Callable:
@@ -213,20 +207,14 @@ def _kimi_k3_get_quant_method(own: Callable) -> Callable:
             _install(method, build)
         return method
 
-    _get_quant_method.kimi_k3_wraps = own
     return _get_quant_method
 
 
 def apply(upstream: ModuleType) -> None:
     """Install the patch into the imported upstream module (idempotent)."""
-    cls = upstream.RoutedExperts
-    if not hasattr(cls._get_quant_method, "kimi_k3_wraps"):
-        cls._get_quant_method = _kimi_k3_get_quant_method(cls._get_quant_method)
+    wrap_method(upstream.RoutedExperts, "_get_quant_method", _kimi_k3_get_quant_method)
 
 
 def revert(upstream: ModuleType) -> None:
     """Put upstream's own ``_get_quant_method`` back (idempotent)."""
-    cls = upstream.RoutedExperts
-    own = getattr(cls._get_quant_method, "kimi_k3_wraps", None)
-    if own is not None:
-        cls._get_quant_method = own
+    unwrap_method(upstream.RoutedExperts, "_get_quant_method")
