@@ -32,12 +32,14 @@ the Kimi-K3 NVIDIA model module, in whichever process does so.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
 from types import ModuleType
 
-from vllm_kimi_k3_moe.import_hooks import call_after_import
+from vllm_kimi_k3_moe.import_hooks import call_after_import, remove_after_import
 
-__all__ = ["register"]
+__all__ = ["register", "unregister"]
 
 # A child of vLLM's logger, so messages use vLLM's handler and format.
 logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
@@ -46,6 +48,14 @@ KIMI_K3_PACKAGE = "vllm.models.kimi_k3"
 KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
 ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
 DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
+# vLLM module -> the plugin module that patches it (apply / revert).
+PATCHES = {
+    KIMI_K3_NVIDIA_MODEL: "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model",
+    ROUTED_EXPERTS: (
+        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts_partition"
+    ),
+    DEFAULT_LOADER: "vllm_kimi_k3_moe.model_executor.model_loader.default_loader",
+}
 
 _registered = False
 _warned: set[str] = set()
@@ -67,29 +77,18 @@ def _warned_platform_refusal(_module: ModuleType | None = None) -> bool:
     return refusal is not None
 
 
+def _apply(module: ModuleType) -> None:
+    importlib.import_module(PATCHES[module.__name__]).apply(module)
+
+
 def _patch_nvidia_model(module: ModuleType) -> None:
     if _warned_platform_refusal():
         return
-    from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model as patch
-
-    patch.apply(module)
-    # The model module imports vLLM's fused MoE package: this runs now.
-    call_after_import(ROUTED_EXPERTS, _patch_routed_experts_partition)
-    call_after_import(DEFAULT_LOADER, _patch_default_loader)
-
-
-def _patch_routed_experts_partition(module: ModuleType) -> None:
-    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
-        routed_experts_partition as patch,
-    )
-
-    patch.apply(module)
-
-
-def _patch_default_loader(module: ModuleType) -> None:
-    from vllm_kimi_k3_moe.model_executor.model_loader import default_loader as patch
-
-    patch.apply(module)
+    _apply(module)
+    # The model module imports vLLM's fused MoE package and model loaders:
+    # these run now.
+    call_after_import(ROUTED_EXPERTS, _apply)
+    call_after_import(DEFAULT_LOADER, _apply)
 
 
 def register() -> None:
@@ -108,3 +107,20 @@ def register() -> None:
     # The package hook reports platforms that never import the NVIDIA model.
     call_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
     call_after_import(KIMI_K3_NVIDIA_MODEL, _patch_nvidia_model)
+
+
+def unregister() -> None:
+    """Undo ``register``: remove the import hooks, revert every patch applied
+    to an imported vLLM module, forget the warnings logged. Layers built
+    before keep what they were built with."""
+    global _registered
+    remove_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
+    remove_after_import(KIMI_K3_NVIDIA_MODEL, _patch_nvidia_model)
+    remove_after_import(ROUTED_EXPERTS, _apply)
+    remove_after_import(DEFAULT_LOADER, _apply)
+    for module_name, patch_name in PATCHES.items():
+        module = sys.modules.get(module_name)
+        if module is not None and patch_name in sys.modules:
+            sys.modules[patch_name].revert(module)
+    _warned.clear()
+    _registered = False

@@ -131,13 +131,12 @@ def test_mtp_draft_layer_holds_patched_moe(
     assert moe.experts.routed_experts.intermediate_size_per_partition == 128
 
 
-def test_repeated_registration_changes_nothing(kimi_model, monkeypatch):
+def test_repeated_registration_changes_nothing(kimi_model):
     patched_cls, factory = kimi_model.KimiMoE, kimi_model.FusedMoEFactory
     meta_path = list(sys.meta_path)
     watched = import_hooks.watched_modules()
 
     vllm_kimi_k3_moe.register()
-    monkeypatch.setattr(vllm_kimi_k3_moe, "_registered", False)  # a second load
     vllm_kimi_k3_moe.register()
     apply(kimi_model)
 
@@ -149,20 +148,28 @@ def test_repeated_registration_changes_nothing(kimi_model, monkeypatch):
 
 @pytest.fixture
 def fresh_registration(kimi_model, monkeypatch, caplog):
-    """Unpatched module, plugin never registered, warnings captured."""
-    from vllm.model_executor.layers.fused_moe import FusedMoEFactory
-
-    monkeypatch.setattr(kimi_model, "KimiMoE", upstream_kimi_moe(kimi_model))
-    monkeypatch.setattr(kimi_model, "FusedMoEFactory", FusedMoEFactory)
-    monkeypatch.setattr(vllm_kimi_k3_moe, "_registered", False)
-    monkeypatch.setattr(vllm_kimi_k3_moe, "_warned", set())
-    monkeypatch.setattr(import_hooks._finder, "callbacks", {})
+    """The plugin unregistered (patches reverted, hooks removed, warnings
+    forgotten), its warnings captured; registered again afterwards."""
+    vllm_kimi_k3_moe.unregister()
     # Whether vLLM's logger propagates to caplog's root handler depends on
     # vLLM's logging setup: listen on the plugin's logger itself, once.
     monkeypatch.setattr(vllm_kimi_k3_moe.logger, "handlers", [caplog.handler])
     monkeypatch.setattr(vllm_kimi_k3_moe.logger, "propagate", False)
     caplog.set_level(logging.WARNING, logger=vllm_kimi_k3_moe.logger.name)
-    return caplog
+    yield caplog
+    monkeypatch.undo()  # the test's version or platform first
+    vllm_kimi_k3_moe.unregister()
+    vllm_kimi_k3_moe.register()
+
+
+def test_unregister_puts_upstream_back(kimi_model, fresh_registration):
+    from vllm.model_executor.layers.fused_moe import routed_experts
+
+    assert kimi_model.KimiMoE is upstream_kimi_moe(kimi_model)
+    assert import_hooks.watched_modules() == frozenset()
+    assert not [f for f in sys.meta_path if type(f).__module__ == import_hooks.__name__]
+    get_quant_method = routed_experts.RoutedExperts._get_quant_method
+    assert not hasattr(get_quant_method, "kimi_k3_wraps")
 
 
 def test_unsupported_vllm_version_is_refused(

@@ -4,7 +4,6 @@ tensors with errors that name them, and loads valid tensors as before."""
 from __future__ import annotations
 
 import re
-import weakref
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.conftest import (
     Topology,
+    kimi_k3_text_config,
     on_both_quantization_paths,
     routed_experts,
 )
@@ -24,6 +24,7 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     routed_experts as strict_loading,
 )
+from vllm_kimi_k3_moe.simulated_rank import build_kimi_moe_layer
 
 HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256
 EXPERTS = k3.SMALL_NUM_EXPERTS  # 4
@@ -35,12 +36,6 @@ def checkpoint() -> dict:
     """A complete small checkpoint: distinct non-zero bytes per tensor."""
     indices = checkpoint_indices(EXPERTS, HIDDEN, k3.MOE_INTERMEDIATE_SIZE)
     return {key: digit_plane(value, 0) for key, value in indices.items()}
-
-
-@pytest.fixture(autouse=True)
-def no_layer_loaded_yet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts as a fresh process: no Kimi-K3 layer loaded so far."""
-    monkeypatch.setattr(strict_loading, "_loaded_layers", weakref.WeakSet())
 
 
 TP32_RANK0 = Topology(32, 0)
@@ -204,14 +199,30 @@ def test_expert_parallel_rank_needs_only_its_experts(build_kimi_moe, checkpoint)
         ledger(other_rank).check_complete()
 
 
-def test_layer_filled_without_the_loader_is_left_alone(build_kimi_moe, checkpoint):
+def test_layer_filled_without_the_loader_is_left_alone(
+    kimi_model, rank_config, build_kimi_moe, checkpoint
+):
     """Dummy weights, tensorizer and weight caches never call the loader: a
-    layer with no expert tensor passes while no other Kimi-K3 layer was loaded,
-    and is reported as missing everything once one was."""
-    untouched = build(build_kimi_moe)
+    layer with no expert tensor passes while no other layer of its model was
+    loaded, and is reported as missing everything once one was. Another
+    model's load does not count."""
+    vllm_config = rank_config(TP32_RANK0)
+    untouched, loaded = (
+        routed_experts(
+            build_kimi_moe_layer(
+                kimi_model.KimiMoE,
+                kimi_k3_text_config(small=True),
+                vllm_config,
+                device="cpu",
+                prefix=f"model.layers.{layer}.block_sparse_moe",
+            )
+        )
+        for layer in (1, 2)
+    )
+    other_model = build(build_kimi_moe)
+    load_checkpoint(other_model, checkpoint)
     ledger(untouched).check_complete()
 
-    loaded = build(build_kimi_moe)
     load_checkpoint(loaded, checkpoint)
     with pytest.raises(ValueError, match="24 routed-expert checkpoint tensors"):
         ledger(untouched).check_complete()

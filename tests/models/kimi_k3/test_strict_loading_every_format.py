@@ -3,8 +3,6 @@ duplicated or missing routed-expert tensor is refused by name."""
 
 from __future__ import annotations
 
-import weakref
-
 import pytest
 import torch
 
@@ -47,12 +45,6 @@ FORMATS = {
 }  # fmt: skip
 EXPERTS = 4
 LAYER = "model.layers.1.block_sparse_moe.experts"
-
-
-@pytest.fixture(autouse=True)
-def no_layer_loaded_yet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts as a fresh process: no Kimi-K3 layer loaded so far."""
-    monkeypatch.setattr(strict_loading, "_loaded_layers", weakref.WeakSet())
 
 
 def checkpoint(fmt: str) -> dict[tuple[int, str, str], torch.Tensor]:

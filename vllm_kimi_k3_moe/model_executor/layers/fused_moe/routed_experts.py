@@ -31,8 +31,9 @@ How
     a second write raises before copying. Just before the quantization method
     post-processes the layer, slices never written raise ``ValueError``
     listing them. A layer that received no expert tensor at all is left alone
-    unless another Kimi-K3 layer in the process did (dummy weights, tensorizer
-    and pre-processed weight caches fill parameters without the loader).
+    unless another Kimi-K3 layer of the same model did (dummy weights,
+    tensorizer and pre-processed weight caches fill parameters without the
+    loader).
 Related PR
     None upstream: vLLM's generic loader has the same gap for every MoE model;
     this plugin closes it for Kimi-K3, whose 1.5-2.8 TB checkpoints make a
@@ -64,7 +65,27 @@ from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
 # Expert parameters: "w13_weight_packed" -> (w13, weight_packed)
 _EXPERT_PARAMETER = re.compile(r"(w13|w2)_(\w+)")
 
-_loaded_layers: weakref.WeakSet[StrictExpertLoading] = weakref.WeakSet()
+
+class ModelLoad:
+    """The Kimi-K3 expert layers of one model (built under one ``VllmConfig``):
+    whether the loader has handed any of them a checkpoint tensor yet."""
+
+    def __init__(self) -> None:
+        self.started = False
+
+
+_model_loads: dict[int, ModelLoad] = {}
+
+
+def model_load(vllm_config: Any) -> ModelLoad:
+    """The load state shared by every layer built under ``vllm_config``
+    (forgotten with it)."""
+    key = id(vllm_config)
+    load = _model_loads.get(key)
+    if load is None:
+        load = _model_loads[key] = ModelLoad()
+        weakref.finalize(vllm_config, _model_loads.pop, key, None)
+    return load
 
 
 @dataclass(frozen=True, order=True, slots=True)  # ~5k per layer while loading
@@ -83,9 +104,14 @@ class StrictExpertLoading:
     """Shape checks and a write ledger for one Kimi-K3 ``RoutedExperts``."""
 
     def __init__(
-        self, experts: nn.Module, moe_intermediate_size: int, format_name: str
+        self,
+        experts: nn.Module,
+        moe_intermediate_size: int,
+        format_name: str,
+        load: ModelLoad,
     ) -> None:
         self.experts = experts
+        self.load = load
         self.layer_name: str = experts.layer_name
         self.hidden_size: int = experts.moe_config.hidden_dim_unpadded
         self.intermediate_size = moe_intermediate_size
@@ -116,6 +142,9 @@ class StrictExpertLoading:
             return_success: bool = False,
         ) -> bool | None:
             expert_slice = ExpertSlice(expert_id, shard_id, layout.suffix)
+            # This model is loaded through the loader (on an EP rank, maybe
+            # none of its own experts): every layer is then held to the check.
+            self.load.started = True
             self.learn_checkpoint_prefix(expert_slice, loaded_weight)
             self.check_shape(expert_slice, layout, loaded_weight, weight_name)
             local = self.is_local(expert_id)
@@ -135,7 +164,6 @@ class StrictExpertLoading:
             )
             if local:
                 self.written.add(expert_slice)
-                _loaded_layers.add(self)
             return result
 
         return weight_loader
@@ -181,7 +209,7 @@ class StrictExpertLoading:
 
     def check_complete(self) -> None:
         """Raise ``ValueError`` listing the expert tensors never loaded."""
-        if not self.written and not _loaded_layers:
+        if not self.written and not self.load.started:
             return  # Filled without the loader (dummy, tensorizer, caches).
         missing = self.missing()
         if missing:
@@ -246,24 +274,29 @@ def _by_suffix(
     return {layout.suffix: layout for layout in tensor_layouts}
 
 
-def make_expert_loading_strict(kimi_moe: nn.Module, moe_intermediate_size: int) -> None:
-    """Install strict loading on the routed experts inside ``kimi_moe``."""
+def make_expert_loading_strict(
+    kimi_moe: nn.Module, moe_intermediate_size: int, vllm_config: Any
+) -> None:
+    """Install strict loading on the routed experts inside ``kimi_moe``, one
+    layer of the model built under ``vllm_config``."""
     from vllm.model_executor.layers.fused_moe import RoutedExperts
 
     for experts in kimi_moe.modules():
         if isinstance(experts, RoutedExperts):
             known = expert_layouts(experts.quant_method)
             if known is not None:
-                _install(experts, moe_intermediate_size, *known)
+                format_name, layouts_by_suffix = known
+                loading = StrictExpertLoading(
+                    experts, moe_intermediate_size, format_name, model_load(vllm_config)
+                )
+                _install(experts, loading, layouts_by_suffix)
 
 
 def _install(
     experts: nn.Module,
-    moe_intermediate_size: int,
-    format_name: str,
+    loading: StrictExpertLoading,
     by_parameter_suffix: dict[str, ExpertTensorLayout],
 ) -> None:
-    loading = StrictExpertLoading(experts, moe_intermediate_size, format_name)
     for name, param in experts.named_parameters(recurse=False):
         match = _EXPERT_PARAMETER.fullmatch(name)
         if match is None or match.group(2) not in by_parameter_suffix:

@@ -86,7 +86,9 @@ class BackendPaddedKimiMoE:
         self.__dict__["_model_level_moe_intermediate_size"] = build.model_level_size
         from vllm_kimi_k3_moe.model_executor.layers.fused_moe import routed_experts
 
-        routed_experts.make_expert_loading_strict(self, config.moe_intermediate_size)
+        routed_experts.make_expert_loading_strict(
+            self, config.moe_intermediate_size, vllm_config
+        )
 
     @property
     def padded_moe_intermediate_size(self) -> int | None:
