@@ -27,7 +27,25 @@ Patch index (each module opens with its full ledger entry):
     does. Delete with the strict expert loader.
 
 ``register()`` only installs an import hook: the patches apply when vLLM imports
-the Kimi-K3 NVIDIA model module, in whichever process does so.
+the Kimi-K3 NVIDIA model module, in whichever process does so. ``unregister()``
+removes the hooks and reverts the patches.
+
+Glossary (the code's names follow it):
+
+projection
+    One of a routed expert's three matrices: w1 (gate), w3 (up), w2 (down).
+    vLLM fuses w1 and w3 into one ``w13_*`` parameter.
+suffix
+    What follows the projection in a checkpoint key: ``weight``,
+    ``weight_packed``, ``weight_scale`` (and per-tensor scales).
+shard
+    One ``*.safetensors`` file of a checkpoint (never a projection).
+rank
+    One GPU of a deployment: TP x DP ranks, each holding a slice of every
+    expert, or, with expert parallelism, whole experts.
+partition
+    The routed-expert intermediate rows one rank allocates: the logical slice
+    (``moe_intermediate_size`` / TP) plus any pad its kernel needs.
 """
 
 from __future__ import annotations

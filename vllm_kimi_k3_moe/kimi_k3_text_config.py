@@ -1,9 +1,9 @@
 """Kimi-K3's MoE text config: the embedded default and reading a ``config.json``.
 
 Kimi-K3's Hugging Face ``config.json`` nests the language model under
-``text_config``. The embedded values are the public Kimi-K3 dimensions (the
-mission statement of this project and vLLM 0.33.0's Kimi-K3 support agree on
-them); only the fields that shape a MoE layer are kept.
+``text_config``. The embedded values are the public Kimi-K3 MoE dimensions
+(vLLM 0.33.0's Kimi-K3 support builds its layers from the same fields); only
+the fields that shape a MoE layer are kept.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 Reads the shards vLLM's default loader reads: those named in
 ``model.safetensors.index.json``, or every ``*.safetensors`` file when there
 is no index. Of each shard only the header is read (an 8-byte little-endian
-length, then that many bytes of JSON), never tensor data: for Kimi-K3's
-1.56 TB that is ~125 MB. The JSON is decoded with msgspec (a vLLM
-dependency) into typed structs, several times faster than ``json`` on ~500k
-entries. No torch, no vLLM import.
+length, then that many bytes of JSON), never tensor data: for a header set
+the size of Kimi-K3's MXFP4 release (96 shards, ~1.5 TB) that is ~126 MB.
+The JSON is decoded with msgspec (a vLLM dependency) into typed structs,
+several times faster than ``json`` on ~500k entries. No torch, no vLLM import.
 """
 
 from __future__ import annotations
