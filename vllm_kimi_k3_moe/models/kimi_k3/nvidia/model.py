@@ -13,8 +13,8 @@ Why
     ``min_moe_intermediate_per_partition`` (256) per TP rank and hands that to
     the regular FusedMoE path. At TP32 the logical slice is 3072 / 32 = 96 and
     the MXFP4 Marlin kernel needs 128, but the layer allocates 256: routed
-    experts take ~120.5 GB per GPU instead of ~60.3 GB and Kimi-K3 does not
-    load on 96 GB GPUs.
+    experts take ~120.5 GB per GPU instead of ~60.3 GB, more than a 96 GB GPU
+    holds.
 How
     ``padded_moe_intermediate_size`` becomes a property of the subclass.
     Upstream ``KimiMoE.__init__`` assigns it (the model-level value, kept),
