@@ -10,11 +10,7 @@ import pytest
 import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from tests.models.kimi_k3.conftest import (
-    Topology,
-    on_both_quantization_paths,
-    routed_experts,
-)
+from tests.models.kimi_k3.builders import on_both_quantization_paths, routed_experts
 from tests.models.kimi_k3.mxfp4_checkpoint import (
     checkpoint_indices,
     digit_plane,
@@ -24,6 +20,7 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     routed_experts as strict_loading,
 )
+from vllm_kimi_k3_moe.simulated_rank import Topology
 
 HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256
 EXPERTS = k3.SMALL_NUM_EXPERTS  # 4
