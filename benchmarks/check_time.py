@@ -8,7 +8,7 @@ full size (1.5 TB apparent, ~125 MB on disk). Then runs the installed
 ``vllm-kimi-k3-moe check`` on it in fresh processes and checks it found the
 checkpoint clean.
 
-    python benchmarks/check_time.py [RUNS]
+    python -m benchmarks.check_time [RUNS]    # from the repo root
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the generator
 
 from tests.models.kimi_k3.kimi_k3_checkpoint import (
     KimiK3Spec,

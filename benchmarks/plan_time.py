@@ -4,7 +4,7 @@ Times one configuration (``plan --tp 32``), the default TP8/16/32 table
 (``plan``), and, for reference, the bare import of vLLM's Kimi-K3 model that
 both pay.
 
-    python benchmarks/plan_time.py [RUNS]
+    python -m benchmarks.plan_time [RUNS]    # from the repo root
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Time ``register()`` and vLLM's whole general-plugin load, in fresh processes.
 
-python benchmarks/register_time.py [RUNS]
+python -m benchmarks.register_time [RUNS]    # from the repo root
 """
 
 from __future__ import annotations

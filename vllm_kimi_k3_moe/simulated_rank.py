@@ -2,15 +2,16 @@
 
 vLLM's layers read only two things from the machine at construction: the
 parallel groups (for their size and this process's rank) and, to pick an MoE
-kernel, whether the current device supports it. This module stands in for
-exactly those, so the real ``KimiMoE`` can be built on the ``meta`` device (real
-size, no memory) or on CPU tensors (small shapes, real weight loading). Used by
-the regression suite's fixtures and by the planner.
+kernel, whether the current device supports it. This module stands in for the
+groups (``simulated_rank``) and, for MXFP4, makes vLLM pick the kernel the
+caller names (``mxfp4_backend_chosen``), so the real ``KimiMoE`` can be built
+on the ``meta`` device (real size, no memory) or on CPU tensors (small shapes,
+real weight loading). Used by the planner and by the regression suite, which
+keeps its own stand-ins for the other kernels' device checks.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,101 +67,6 @@ def simulated_rank(topology: Topology) -> Iterator[None]:
             topology.dp_rank * topology.tp_size + topology.tp_rank if ep else 0,
         ),
     ):
-        yield
-
-
-@contextmanager
-def marlin_without_gpu() -> Iterator[None]:
-    """Let vLLM select the Marlin MoE kernel on a machine without CUDA, as
-    ``--moe-backend marlin`` does on the GPUs it runs on (its device check is
-    the only part that needs one)."""
-    from vllm.model_executor.layers.fused_moe.experts import marlin_moe
-
-    with _attributes(
-        marlin_moe.MarlinExpertsBase,
-        _supports_current_device=staticmethod(lambda: True),
-    ):
-        yield
-
-
-@functools.cache
-def _import_moe_kernel_modules() -> None:
-    """Import every module vLLM's MoE kernels live in: fused_moe/experts/ and
-    a few fused_moe/*.py, which vLLM's backend oracles import lazily."""
-    import importlib
-    import pkgutil
-
-    from vllm.model_executor.layers import fused_moe
-    from vllm.model_executor.layers.fused_moe import experts
-
-    for package in (fused_moe, experts):
-        for module in pkgutil.iter_modules(package.__path__):
-            try:
-                importlib.import_module(f"{package.__name__}.{module.name}")
-            except Exception:
-                continue  # it fails the same way when an oracle imports it
-
-
-def _moe_kernel_classes() -> set[type]:
-    """Every fused-MoE kernel class vLLM ships."""
-    from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEExperts
-
-    _import_moe_kernel_modules()
-    found: set[type] = set()
-    todo = [FusedMoEExperts]
-    while todo:
-        for subclass in todo.pop().__subclasses__():
-            if subclass not in found:
-                found.add(subclass)
-                todo.append(subclass)
-    return found
-
-
-class _CudaPlatform:
-    """vLLM's current platform, answering as the NVIDIA GPU it would run on
-    where the unquantized MoE oracle lists its backends by platform."""
-
-    def __init__(self, platform: Any) -> None:
-        self._platform = platform
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._platform, name)
-
-    def is_cuda(self) -> bool:
-        return True
-
-    def is_rocm(self) -> bool:
-        return False
-
-    def is_device_capability_family(self, *args: Any, **kwargs: Any) -> bool:
-        return False
-
-
-@contextmanager
-def moe_kernels_on_their_gpu() -> Iterator[None]:
-    """Let vLLM's own backend selection pick any MoE kernel (``--moe-backend
-    NAME``) as it would on a GPU that runs it: every kernel's device check
-    (``_supports_current_device``) answers yes, the platform reports FP8
-    support (Triton's FP8 schemes depend on it), and the unquantized oracle
-    lists the CUDA backends. What each kernel accepts of the layer (its
-    activation, quantization scheme, shapes) is still vLLM's own answer."""
-    from contextlib import ExitStack
-
-    from vllm.model_executor.layers.fused_moe.oracle import unquantized
-    from vllm.platforms import current_platform
-
-    with ExitStack() as stack:
-        for kernel in _moe_kernel_classes():
-            if "_supports_current_device" in kernel.__dict__:
-                stack.enter_context(
-                    _attributes(
-                        kernel, _supports_current_device=staticmethod(lambda: True)
-                    )
-                )
-        stack.enter_context(_attributes(current_platform, supports_fp8=lambda: True))
-        stack.enter_context(
-            _attributes(unquantized, current_platform=_CudaPlatform(current_platform))
-        )
         yield
 
 
@@ -246,9 +152,13 @@ def mxfp4_backend_chosen(quantization: str, backend: str) -> Iterator[None]:
 def rank_vllm_config(
     topology: Topology, quantization: str = "mxfp4", model_config: Any = None
 ) -> Any:
-    """A fresh ``VllmConfig`` on Marlin for ``topology`` (vLLM refuses two
-    layers with one name under one config): MXFP4 of ``quantization``'s path,
-    or, given a checkpoint's ``ModelConfig``, what vLLM resolves from it."""
+    """A fresh ``VllmConfig`` for ``topology`` (vLLM refuses two layers with
+    one name under one config): MXFP4 of ``quantization``'s path, or, given a
+    checkpoint's ``ModelConfig``, what vLLM resolves from it. Its MoE backend
+    is ``marlin`` (as ``--moe-backend marlin`` sets it) whatever kernel the
+    caller means to run: the planner makes vLLM pick its MXFP4 kernel with
+    ``mxfp4_backend_chosen``; the tests keep Marlin and answer its device
+    check, which a CPU box fails."""
     from vllm.config import DeviceConfig, KernelConfig, ParallelConfig, VllmConfig
 
     if model_config is not None:

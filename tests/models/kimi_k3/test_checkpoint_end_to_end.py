@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from tests.models.kimi_k3.conftest import Topology, routed_experts
+from tests.models.kimi_k3.builders import routed_experts
 from tests.models.kimi_k3.kimi_k3_checkpoint import (
     KINDS,
     PROJECTIONS,
@@ -32,6 +32,7 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts import (
     expert_loading,
 )
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
+from vllm_kimi_k3_moe.simulated_rank import Topology
 
 SPEC = KimiK3Spec()
 INTERMEDIATE = SPEC.moe_intermediate_size

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from tests.models.kimi_k3.conftest import Topology
 from tests.models.kimi_k3.traced_checkpoint import (
     UNWRITTEN,
     assert_every_element_once,
@@ -19,6 +18,7 @@ from tests.models.kimi_k3.traced_checkpoint import (
     load_and_decode,
     nvfp4_tensors,
 )
+from vllm_kimi_k3_moe.simulated_rank import Topology
 
 TP_SIZE = 32
 INTERMEDIATE = k3.MOE_INTERMEDIATE_SIZE  # 3072

@@ -8,11 +8,7 @@ import pytest
 import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from tests.models.kimi_k3.conftest import (
-    Topology,
-    on_both_quantization_paths,
-    routed_experts,
-)
+from tests.models.kimi_k3.builders import on_both_quantization_paths, routed_experts
 from tests.models.kimi_k3.mxfp4_checkpoint import (
     UNWRITTEN,
     checkpoint_indices,
@@ -22,6 +18,7 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
     load_checkpoint,
 )
 from tests.models.kimi_k3.traced_checkpoint import assert_every_element_once
+from vllm_kimi_k3_moe.simulated_rank import Topology
 
 TP_SIZE = 32
 RAW_LOCAL = 96  # 3072 // 32

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.models.kimi_k3.conftest import Topology
 from tests.models.kimi_k3.kimi_k3_formats import PUBLISHED_FORMATS, UNCOVERED_FORMAT
+from vllm_kimi_k3_moe.simulated_rank import Topology
 
 TOPOLOGIES = [
     Topology(1),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.kimi_k3.conftest import Topology
+from vllm_kimi_k3_moe.simulated_rank import Topology
 
 TP_SIZE = 32
 

@@ -9,10 +9,10 @@ import logging
 import pytest
 from torch import nn
 
-from tests.models.kimi_k3.conftest import Topology
 from tests.models.kimi_k3.kimi_k3_formats import PUBLISHED_FORMATS, UNCOVERED_FORMAT
 from tests.models.kimi_k3.test_never_worse_than_vllm_alone import PARTITIONS
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import routed_experts_partition
+from vllm_kimi_k3_moe.simulated_rank import Topology
 
 
 @pytest.fixture

@@ -15,13 +15,14 @@ import pytest
 import torch
 
 import vllm_kimi_k3_moe
-from tests.models.kimi_k3.conftest import Topology, kimi_k3_text_config
+from tests.models.kimi_k3.builders import kimi_k3_text_config
 from vllm_kimi_k3_moe import import_hooks
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
     BackendPaddedKimiMoE,
     apply,
     upstream_kimi_moe,
 )
+from vllm_kimi_k3_moe.simulated_rank import Topology
 
 ENTRY_POINT = "kimi_k3_moe"
 NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"

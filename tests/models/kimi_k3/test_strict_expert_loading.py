@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from tests.models.kimi_k3.conftest import (
-    Topology,
+from tests.models.kimi_k3.builders import (
     kimi_k3_text_config,
     on_both_quantization_paths,
     routed_experts,
@@ -24,7 +23,7 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     routed_experts as strict_loading,
 )
-from vllm_kimi_k3_moe.simulated_rank import build_kimi_moe_layer
+from vllm_kimi_k3_moe.simulated_rank import Topology, build_kimi_moe_layer
 
 HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256
 EXPERTS = k3.SMALL_NUM_EXPERTS  # 4
