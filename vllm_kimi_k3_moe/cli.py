@@ -16,18 +16,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from vllm_kimi_k3_moe.kimi_k3_text_config import (
-    KIMI_K3_MOE_TEXT_CONFIG,
-    ConfigFileError,
-    read_text_config,
-)
-from vllm_kimi_k3_moe.plan import (
+from vllm_kimi_k3_moe.deployment import (
     BACKENDS,
     COMPRESSED_TENSORS_MXFP4_BACKENDS,
     NVIDIA_MXFP4_BACKENDS,
     Deployment,
-    PlanError,
+    DeploymentError,
+    Parallelism,
     validate,
+)
+from vllm_kimi_k3_moe.kimi_k3_text_config import (
+    KIMI_K3_MOE_TEXT_CONFIG,
+    ConfigFileError,
+    read_text_config,
 )
 
 DEFAULT_TP_SIZES = (8, 16, 32)
@@ -226,11 +227,11 @@ def run_plan(args: argparse.Namespace) -> int:
         ]
         for deployment in deployments:  # all input errors before the slow part
             validate(text_config, deployment)
-    except (ConfigFileError, PlanError) as error:
+    except (ConfigFileError, DeploymentError) as error:
         _fail("plan", str(error))
 
     _send_vllm_logs_to_stderr()
-    from vllm_kimi_k3_moe.plan import plan
+    from vllm_kimi_k3_moe.plan import PlanError, plan
     from vllm_kimi_k3_moe.plan_report import as_json, table
 
     plans = []
@@ -238,14 +239,14 @@ def run_plan(args: argparse.Namespace) -> int:
         for index, deployment in enumerate(deployments, 1):
             if len(deployments) > 1 or index == 1:
                 print(
-                    f"[{index}/{len(deployments)}] building {deployment.label} "
+                    f"[{index}/{len(deployments)}] building {deployment.label()} "
                     "(upstream and fixed)"
                     + (", importing vLLM first" if index == 1 else ""),
                     file=sys.stderr,
                     flush=True,
                 )
             plans.append(plan(text_config, deployment))
-    except PlanError as error:
+    except (DeploymentError, PlanError) as error:
         _fail("plan", str(error))
     render = as_json if args.json else table
     print(render(plans, args.gpu_memory_gib))
@@ -256,29 +257,28 @@ def run_check(args: argparse.Namespace) -> int:
     from vllm_kimi_k3_moe.checkpoint_preflight import PreflightInputError, preflight
     from vllm_kimi_k3_moe.checkpoint_report import allocation, summary, verdict
 
+    parallelism = Parallelism(args.tp_size, args.dp_size, args.expert_parallel)
     backend = None if args.moe_backend is None else args.moe_backend.lower()
     try:
-        report = preflight(
-            args.checkpoint, args.tp_size, args.dp_size, args.expert_parallel, backend
-        )
+        report = preflight(args.checkpoint, parallelism, backend)
     except PreflightInputError as error:
         _fail("check", str(error))
     print("\n".join(summary(report)), flush=True)
     if backend is not None and report.share is not None:
         print(f"building vLLM's MoE layer for {backend} ...", file=sys.stderr)
         _send_vllm_logs_to_stderr()
-        from vllm_kimi_k3_moe.plan import plan
+        from vllm_kimi_k3_moe.plan import PlanError, plan
 
         deployment = Deployment(
-            tp_size=args.tp_size,
-            dp_size=args.dp_size,
-            expert_parallel=args.expert_parallel,
+            tp_size=parallelism.tp_size,
+            dp_size=parallelism.dp_size,
+            expert_parallel=parallelism.expert_parallel,
             backend=backend,
             quantization=report.layout.quantization,
         )
         try:
             print("\n".join(allocation(plan(report.layout.text_config, deployment))))
-        except PlanError as error:
+        except (DeploymentError, PlanError) as error:
             _fail("check", str(error))
     print("\n".join(verdict(report)))
     return 1 if report.problems else 0

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_kimi_k3_moe.deployment import QUANTIZATION_PATHS
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -164,7 +166,6 @@ def moe_kernels_on_their_gpu() -> Iterator[None]:
         yield
 
 
-QUANTIZATION_PATHS = ("mxfp4", "compressed-tensors")
 # compressed-tensors' description of MXFP4 weights: FP4 in groups of 32
 MXFP4_WEIGHT_ARGS = {
     "num_bits": 4,
