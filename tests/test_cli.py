@@ -1,9 +1,10 @@
-"""The command line: subcommands dispatched through the function each one
-names, and ``check`` without ``--moe-backend`` importing neither torch nor vLLM
-(only the config and the shard headers)."""
+"""The command line: ``--version`` from package metadata, subcommands dispatched
+through the function each one names, and ``check`` without ``--moe-backend``
+importing neither torch nor vLLM (only the metadata and the shard headers)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
 from vllm_kimi_k3_moe import cli
 
 REPO = Path(__file__).parents[1]
+SUPPORTED_SERIES = "0.33.x"  # compat.SUPPORTED_VLLM_SERIES
+INSTALLED_VLLM = "0.33.0"  # pyproject.toml pins vllm==0.33.0
 HEAVY = ("torch", "vllm")  # each takes seconds to import
 
 # Runs the command line in a fresh interpreter, then reports on stderr which
@@ -47,6 +50,44 @@ def run_fresh(*argv: str) -> tuple[int, str, list[str]]:
     )
     *_, imported = result.stderr.strip().splitlines()
     return result.returncode, result.stdout, json.loads(imported)
+
+
+def test_version_names_plugin_supported_and_installed_vllm(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    plugin = importlib.metadata.version("vllm-kimi-k3-moe")
+    assert capsys.readouterr().out == (
+        f"vllm-kimi-k3-moe {plugin}\n"
+        f"supported vLLM {SUPPORTED_SERIES}\n"
+        f"installed vLLM {INSTALLED_VLLM}\n"
+    )
+
+
+def test_version_without_vllm_installed(monkeypatch, capsys) -> None:
+    def version(distribution: str) -> str:
+        if distribution == "vllm":
+            raise importlib.metadata.PackageNotFoundError(distribution)
+        return "9.9.9"
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert capsys.readouterr().out.splitlines() == [
+        "vllm-kimi-k3-moe 9.9.9",
+        f"supported vLLM {SUPPORTED_SERIES}",
+        "installed vLLM not installed",
+    ]
+
+
+def test_version_reads_metadata_only() -> None:
+    status, out, imported = run_fresh("--version")
+    assert status == 0
+    assert out.splitlines()[1:] == [
+        f"supported vLLM {SUPPORTED_SERIES}",
+        f"installed vLLM {INSTALLED_VLLM}",
+    ]
+    assert imported == []
 
 
 def test_check_without_moe_backend_imports_neither_torch_nor_vllm(
@@ -99,9 +140,16 @@ def test_no_or_unknown_subcommand_is_one_line_and_exit_2(capsys, argv, words):
     assert words in err
 
 
-def test_help_names_the_subcommands(capsys) -> None:
+def test_help_names_the_subcommands_and_version(capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     help_text = capsys.readouterr().out
-    for word in ("plan", "check", "per-GPU memory", "preflight"):
+    for word in ("plan", "check", "--version", "supports"):
         assert word in help_text
+
+
+def test_readme_shows_the_version_output(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    readme = (REPO / "README.md").read_text()
+    assert f"$ vllm-kimi-k3-moe --version\n{capsys.readouterr().out}```" in readme

@@ -4,7 +4,8 @@
 layers take per GPU for a deployment, as vLLM 0.33.0 allocates them and as it
 does with this plugin installed. ``check`` verifies, from a checkpoint's
 ``config.json`` and shard headers, that every routed-expert tensor will land on
-every rank, before a deployment spends its GPUs finding out.
+every rank, before a deployment spends its GPUs finding out. ``--version``
+says what is installed and what is supported, for bug reports.
 
 Each subcommand is one ``add_*_command`` function that adds its parser and
 names its run function (``set_defaults(run=...)``); ``main`` parses and calls
@@ -51,6 +52,17 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+class _PrintVersion(argparse.Action):
+    """``--version``: print ``version_report`` and exit 0. Unlike argparse's
+    own version action, the metadata is read only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        from vllm_kimi_k3_moe.version_report import version_report
+
+        print(version_report())
+        parser.exit()
 
 
 def _positive_int(text: str) -> int:
@@ -315,6 +327,14 @@ SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog=PROG, description="Tools of the vllm-kimi-k3-moe plugin for vLLM 0.33.0."
+    )
+    parser.add_argument(
+        "--version",
+        action=_PrintVersion,
+        nargs=0,
+        default=argparse.SUPPRESS,
+        help="print this plugin's version, the vLLM series it supports and the "
+        "vLLM installed (from package metadata: vLLM is not imported), then exit",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for add_command in SUBCOMMANDS:
