@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_k3_moe.deployment import (
+    DeploymentError,
+    Parallelism,
+    validate_backend,
+    validate_parallelism,
+)
 from vllm_kimi_k3_moe.expert_tensor_layouts import PROJECTIONS, expert_tensor_shape
 from vllm_kimi_k3_moe.kimi_k3_text_config import (
     ConfigFileError,
@@ -24,7 +30,6 @@ from vllm_kimi_k3_moe.kimi_k3_text_config import (
     read_config_document,
     text_config_fields,
 )
-from vllm_kimi_k3_moe.plan import PlanError, validate_backend, validate_topology
 from vllm_kimi_k3_moe.safetensors_headers import (
     CheckpointDirError,
     CheckpointTensors,
@@ -179,9 +184,7 @@ class RankShare:
 class PreflightReport:
     directory: Path
     layout: KimiK3Layout
-    tp_size: int
-    dp_size: int
-    expert_parallel: bool
+    parallelism: Parallelism
     shards: int = 0
     total_bytes: int = 0
     expert_bytes: int = 0
@@ -193,17 +196,12 @@ class PreflightReport:
         """Each GPU's share, or None when the topology does not divide."""
         if any(p.kind == "topology" for p in self.problems):
             return None
-        gpus = self.tp_size * self.dp_size
-        layout = self.layout
+        parallelism = self.parallelism
         return RankShare(
-            expert_parallel=self.expert_parallel,
-            experts=layout.num_experts // gpus
-            if self.expert_parallel
-            else layout.num_experts,
-            intermediate=layout.intermediate
-            if self.expert_parallel
-            else layout.intermediate // gpus,
-            expert_bytes=self.expert_bytes // gpus,
+            expert_parallel=parallelism.expert_parallel,
+            experts=parallelism.experts_per_gpu(self.layout.num_experts),
+            intermediate=parallelism.intermediate_per_gpu(self.layout.intermediate),
+            expert_bytes=self.expert_bytes // parallelism.gpus,
         )
 
 
@@ -273,32 +271,28 @@ def layer_ranges(layers: list[int]) -> str:
 
 
 def preflight(
-    directory: Path,
-    tp_size: int,
-    dp_size: int = 1,
-    expert_parallel: bool = False,
-    backend: str | None = None,
+    directory: Path, parallelism: Parallelism, backend: str | None = None
 ) -> PreflightReport:
-    """Check ``directory``'s routed experts for a TP x DP deployment (and
-    that ``backend``, if named, is an MoE kernel of the checkpoint's path)."""
+    """Check ``directory``'s routed experts for ``parallelism`` (and that
+    ``backend``, if named, is an MoE kernel of the checkpoint's path)."""
     if not directory.is_dir():
         raise PreflightInputError(f"checkpoint directory {directory} does not exist")
     layout = read_layout(directory)
     if backend is not None:
         try:
             validate_backend(layout.quantization, backend)
-        except PlanError as error:
+        except DeploymentError as error:
             raise PreflightInputError(str(error)) from None
     try:
         checkpoint = read_checkpoint_tensors(directory)
     except CheckpointDirError as error:
         raise PreflightInputError(str(error)) from None
-    report = PreflightReport(directory, layout, tp_size, dp_size, expert_parallel)
+    report = PreflightReport(directory, layout, parallelism)
     try:
-        validate_topology(layout.text_config, tp_size, dp_size, expert_parallel)
-    except PlanError as error:
+        validate_parallelism(layout.text_config, parallelism)
+    except DeploymentError as error:
         report.problems.append(
-            Problem("topology", f"TP{tp_size} DP{dp_size}", str(error))
+            Problem("topology", parallelism.label("subject"), str(error))
         )
     report.shards = len(checkpoint.shards)
     report.total_bytes = checkpoint.total_bytes

@@ -20,14 +20,6 @@ def _bytes(count: int) -> str:
     return f"{count} bytes"
 
 
-def _topology(report: PreflightReport) -> str:
-    label = f"TP{report.tp_size}"
-    if report.dp_size > 1:
-        label += f" x DP{report.dp_size}"
-    parallel = "with" if report.expert_parallel else "without"
-    return f"{label} {parallel} expert parallelism"
-
-
 def summary(report: PreflightReport) -> list[str]:
     layout = report.layout
     path = (
@@ -51,7 +43,7 @@ def summary(report: PreflightReport) -> list[str]:
         f"{report.expert_tensors_checked} found and checked",
     ]
     share = report.share
-    topology = _topology(report)
+    topology = report.parallelism.label("sentence")
     if share is None:
         lines.append(f"per GPU     {topology}: does not divide the model (below)")
     elif share.expert_parallel:

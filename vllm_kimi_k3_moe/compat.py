@@ -10,14 +10,19 @@ from __future__ import annotations
 SUPPORTED_VLLM_SERIES = (0, 33)
 
 
+def supported_vllm_series() -> str:
+    """``SUPPORTED_VLLM_SERIES`` as users write it: ``0.33.x``."""
+    return ".".join(map(str, SUPPORTED_VLLM_SERIES)) + ".x"
+
+
 def vllm_version_refusal() -> str | None:
     from vllm.version import __version__, __version_tuple__
 
     if tuple(__version_tuple__[:2]) == SUPPORTED_VLLM_SERIES:
         return None
-    series = ".".join(map(str, SUPPORTED_VLLM_SERIES))
     return (
-        f"vllm-kimi-k3-moe supports vLLM {series}.x only, found vLLM {__version__}; "
+        f"vllm-kimi-k3-moe supports vLLM {supported_vllm_series()} only, "
+        f"found vLLM {__version__}; "
         "Kimi-K3 MoE padding is left as upstream (nothing patched). Install a "
         "vllm-kimi-k3-moe release made for this vLLM, or uninstall it if this vLLM "
         "already lets the quantization backend own the padding."

@@ -3,9 +3,9 @@
 For a deployment (TP, DP, expert parallelism, MXFP4 path and kernel), vLLM
 0.33.0's own ``KimiMoE`` is built for rank 0 on the ``meta`` device twice, as
 upstream builds it and with this plugin, and the shape and dtype of every
-parameter it allocates are read. ``validate`` refuses topologies that split the
-experts or the intermediate size unevenly, so every rank allocates what rank 0
-does and rank 0 stands for each GPU.
+parameter it allocates are read. ``deployment.validate`` refuses topologies
+that split the experts or the intermediate size unevenly, so every rank
+allocates what rank 0 does and rank 0 stands for each GPU.
 """
 
 from __future__ import annotations
@@ -13,37 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vllm_kimi_k3_moe.expert_tensor_layouts import MXFP4_BLOCK
+from vllm_kimi_k3_moe.deployment import Deployment, validate
 from vllm_kimi_k3_moe.kimi_k3_text_config import moe_layer_count
-from vllm_kimi_k3_moe.simulated_rank import QUANTIZATION_PATHS
 
-# vLLM's Mxfp4MoeBackend members that run on NVIDIA GPUs (ROCm, XPU and CPU
-# kernels left out), as the planner names them.
-NVIDIA_MXFP4_BACKENDS = (
-    "marlin",
-    "batched_marlin",
-    "cutlass_mxfp4_mxfp4",
-    "deepgemm_mxfp4",
-    "flashinfer_trtllm_mxfp4_mxfp8",
-    "flashinfer_trtllm_mxfp4_bf16",
-    "flashinfer_cutlass_mxfp4_mxfp8",
-    "flashinfer_cutlass_mxfp4_bf16",
-    "flashinfer_moe_ep_cutedsl",
-    "flashinfer_moe_ep_deep_gemm",
-    "b12x_mxfp4_mxfp8",
-    "b12x_mxfp4_bf16",
-    "humming",
-    "triton",
-)
-# What vLLM's compressed-tensors MXFP4 MoE method picks by device on NVIDIA.
-COMPRESSED_TENSORS_MXFP4_BACKENDS = ("marlin", "cutlass_mxfp4_mxfp4")
-BACKENDS = dict(
-    zip(
-        QUANTIZATION_PATHS,
-        (NVIDIA_MXFP4_BACKENDS, COMPRESSED_TENSORS_MXFP4_BACKENDS),
-        strict=True,
-    )
-)
 GIB = 2**30
 ROUTED_PARAMETERS = ("experts.routed_experts.w13_", "experts.routed_experts.w2_")
 SHARED_PARAMETERS = ("shared_experts.",)
@@ -51,89 +23,8 @@ LATENT_PARAMETERS = ("routed_expert_up_proj.", "routed_expert_down_proj.")
 
 
 class PlanError(ValueError):
-    """A deployment the planner cannot size; the message is one line."""
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What ``vllm serve`` would be asked for."""
-
-    tp_size: int
-    dp_size: int = 1
-    expert_parallel: bool = False
-    backend: str = "marlin"
-    quantization: str = "mxfp4"
-
-    @property
-    def gpus(self) -> int:
-        return self.tp_size * self.dp_size
-
-    @property
-    def label(self) -> str:
-        label = f"TP{self.tp_size}"
-        if self.dp_size > 1:
-            label += f" DP{self.dp_size}"
-        return label + (" EP" if self.expert_parallel else "")
-
-
-def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
-    """Refuse, with one line naming the bad value, what cannot be sized."""
-    if deployment.tp_size < 1 or deployment.dp_size < 1:
-        raise PlanError(
-            f"tensor- and data-parallel sizes must be at least 1, got "
-            f"TP {deployment.tp_size} and DP {deployment.dp_size}"
-        )
-    validate_backend(deployment.quantization, deployment.backend)
-    validate_topology(
-        text_config, deployment.tp_size, deployment.dp_size, deployment.expert_parallel
-    )
-
-
-def validate_backend(quantization: str, backend: str) -> None:
-    """Refuse a quantization path or MoE backend the planner does not know."""
-    backends = BACKENDS.get(quantization)
-    if backends is None:
-        raise PlanError(
-            f"unknown quantization path {quantization!r}; "
-            f"choose one of {', '.join(BACKENDS)}"
-        )
-    if backend == "auto":
-        raise PlanError(
-            "--moe-backend auto is resolved by vLLM from the GPU it starts on; "
-            "name the kernel your deployment runs (vLLM logs it at startup), "
-            "e.g. --moe-backend marlin"
-        )
-    if backend not in backends:
-        raise PlanError(
-            f"unknown MoE backend {backend!r} for {quantization}; "
-            f"choose one of {', '.join(backends)}"
-        )
-
-
-def validate_topology(
-    text_config: dict[str, Any], tp_size: int, dp_size: int, expert_parallel: bool
-) -> None:
-    """Refuse a topology that does not split the routed experts evenly: the
-    experts over the expert-parallel GPUs, or else every expert's
-    intermediate size over all GPUs in whole MXFP4 scale blocks."""
-    gpus = tp_size * dp_size
-    split = f"TP {tp_size} x DP {dp_size}"
-    if expert_parallel:
-        experts = text_config["num_experts"]
-        if experts % gpus:
-            raise PlanError(
-                f"{experts} routed experts do not split evenly over {gpus} "
-                f"expert-parallel GPUs ({split})"
-            )
-        return
-    intermediate = text_config["moe_intermediate_size"]
-    if intermediate % (gpus * MXFP4_BLOCK):
-        raise PlanError(
-            f"moe_intermediate_size {intermediate} does not split evenly over "
-            f"{gpus} GPUs ({split}) in whole MXFP4 scale blocks of {MXFP4_BLOCK} "
-            "values; without expert parallelism vLLM shards every expert over "
-            "all of them"
-        )
+    """vLLM cannot build a deployment that passed ``validate``, or the plugin
+    did not patch it; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -256,7 +147,7 @@ def _build(kimi_moe_cls: type, text_config: dict[str, Any], deployment: Deployme
         except (AssertionError, TypeError, ValueError, RuntimeError) as error:
             raise PlanError(
                 f"vLLM 0.33.0 cannot build the Kimi-K3 MoE layer for "
-                f"{deployment.label}: {type(error).__name__}: {error}"
+                f"{deployment.label()}: {type(error).__name__}: {error}"
             ) from error
 
 
@@ -284,14 +175,11 @@ def plan(text_config: dict[str, Any], deployment: Deployment) -> MoeMemoryPlan:
     """Size ``deployment`` by building its rank-0 MoE layer, upstream and fixed."""
     validate(text_config, deployment)
     upstream_cls, fixed_cls = kimi_moe_classes()
-    intermediate = text_config["moe_intermediate_size"]
     return MoeMemoryPlan(
         deployment=deployment,
         moe_layers=moe_layer_count(text_config),
-        logical_intermediate_per_rank=(
-            intermediate
-            if deployment.expert_parallel
-            else intermediate // deployment.gpus
+        logical_intermediate_per_rank=deployment.intermediate_per_gpu(
+            text_config["moe_intermediate_size"]
         ),
         upstream=LayerAllocation.of(_build(upstream_cls, text_config, deployment)),
         fixed=LayerAllocation.of(_build(fixed_cls, text_config, deployment)),

@@ -62,7 +62,7 @@ def table(plans: Sequence[MoeMemoryPlan], gpu_memory_gib: float | None) -> str:
     for p in plans:
         totals = p.all_moe_layers
         row = [
-            p.deployment.label,
+            p.deployment.label(),
             str(p.deployment.gpus),
             str(p.fixed.local_experts),
             str(p.logical_intermediate_per_rank),

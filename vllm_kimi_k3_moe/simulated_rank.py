@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_kimi_k3_moe.deployment import QUANTIZATION_PATHS
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -70,7 +72,6 @@ def simulated_rank(topology: Topology) -> Iterator[None]:
         yield
 
 
-QUANTIZATION_PATHS = ("mxfp4", "compressed-tensors")
 # compressed-tensors' description of MXFP4 weights: FP4 in groups of 32
 MXFP4_WEIGHT_ARGS = {
     "num_bits": 4,

@@ -11,8 +11,9 @@ import pytest
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from vllm_kimi_k3_moe.cli import main
+from vllm_kimi_k3_moe.deployment import Deployment
 from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_MOE_TEXT_CONFIG
-from vllm_kimi_k3_moe.plan import Deployment, plan
+from vllm_kimi_k3_moe.plan import plan
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
@@ -281,7 +282,7 @@ def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
     with; at TP32 none allocates more than upstream's 256 or less than 96."""
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
 
-    from vllm_kimi_k3_moe.plan import BACKENDS
+    from vllm_kimi_k3_moe.deployment import BACKENDS
 
     for quantization, backends in BACKENDS.items():
         for backend in backends:

@@ -1,0 +1,155 @@
+"""The command line: ``--version`` from package metadata, subcommands dispatched
+through the function each one names, and ``check`` without ``--moe-backend``
+importing neither torch nor vLLM (only the metadata and the shard headers)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.models.kimi_k3.kimi_k3_checkpoint import (
+    KimiK3Spec,
+    checkpoint_tensors,
+    split_into_shards,
+    write_checkpoint,
+)
+from vllm_kimi_k3_moe import cli
+
+REPO = Path(__file__).parents[1]
+SUPPORTED_SERIES = "0.33.x"  # compat.SUPPORTED_VLLM_SERIES
+INSTALLED_VLLM = "0.33.0"  # pyproject.toml pins vllm==0.33.0
+HEAVY = ("torch", "vllm")  # each takes seconds to import
+
+# Runs the command line in a fresh interpreter, then reports on stderr which
+# of HEAVY it imported.
+IMPORT_PROBE = f"""
+import json, sys
+from vllm_kimi_k3_moe.cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exit:
+    status = exit.code
+print(json.dumps(sorted(set(sys.modules) & set({HEAVY!r}))), file=sys.stderr)
+sys.exit(status)
+"""
+
+
+def run_fresh(*argv: str) -> tuple[int, str, list[str]]:
+    """(exit status, stdout, heavy modules imported) of a fresh process."""
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,  # imports this tree's package
+    )
+    *_, imported = result.stderr.strip().splitlines()
+    return result.returncode, result.stdout, json.loads(imported)
+
+
+def test_version_names_plugin_supported_and_installed_vllm(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    plugin = importlib.metadata.version("vllm-kimi-k3-moe")
+    assert capsys.readouterr().out == (
+        f"vllm-kimi-k3-moe {plugin}\n"
+        f"supported vLLM {SUPPORTED_SERIES}\n"
+        f"installed vLLM {INSTALLED_VLLM}\n"
+    )
+
+
+def test_version_without_vllm_installed(monkeypatch, capsys) -> None:
+    def version(distribution: str) -> str:
+        if distribution == "vllm":
+            raise importlib.metadata.PackageNotFoundError(distribution)
+        return "9.9.9"
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert capsys.readouterr().out.splitlines() == [
+        "vllm-kimi-k3-moe 9.9.9",
+        f"supported vLLM {SUPPORTED_SERIES}",
+        "installed vLLM not installed",
+    ]
+
+
+def test_version_reads_metadata_only() -> None:
+    status, out, imported = run_fresh("--version")
+    assert status == 0
+    assert out.splitlines()[1:] == [
+        f"supported vLLM {SUPPORTED_SERIES}",
+        f"installed vLLM {INSTALLED_VLLM}",
+    ]
+    assert imported == []
+
+
+def test_check_without_moe_backend_imports_neither_torch_nor_vllm(
+    tmp_path: Path,
+) -> None:
+    spec = KimiK3Spec()
+    write_checkpoint(
+        tmp_path, spec, split_into_shards(checkpoint_tensors(spec), spec.shards)
+    )
+    status, out, imported = run_fresh("check", str(tmp_path))
+    assert status == 0, out
+    assert out.splitlines()[-1].startswith("OK ")
+    assert imported == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "run", "parsed"),
+    [
+        (["plan", "--tp", "8", "32"], "run_plan", {"tp_sizes": [8, 32]}),
+        (["check", "ckpt", "--ep"], "run_check", {"expert_parallel": True}),
+    ],
+)
+def test_main_runs_the_function_the_subcommand_names(
+    monkeypatch, argv, run, parsed
+) -> None:
+    """Each subcommand's parser names its run function; main calls it with
+    the parsed arguments and returns its status."""
+    calls = []
+    monkeypatch.setattr(cli, run, lambda args: calls.append(args) or 7)
+    assert cli.main(argv) == 7
+    (args,) = calls
+    for name, value in parsed.items():
+        assert getattr(args, name) == value
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        ([], "required: command"),
+        (["serve"], "invalid choice: 'serve'"),
+        (["check"], "required: CHECKPOINT_DIR"),
+    ],
+)
+def test_no_or_unknown_subcommand_is_one_line_and_exit_2(capsys, argv, words):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert words in err
+
+
+def test_help_names_the_subcommands_and_version(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = capsys.readouterr().out
+    for word in ("plan", "check", "--version", "supports"):
+        assert word in help_text
+
+
+def test_readme_shows_the_version_output(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    readme = (REPO / "README.md").read_text()
+    assert f"$ vllm-kimi-k3-moe --version\n{capsys.readouterr().out}```" in readme

@@ -1,0 +1,78 @@
+"""A deployment's topology: its name wherever it is printed, each GPU's share
+of Kimi-K3's routed experts, and the uneven splits refused (no vLLM needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_kimi_k3_moe.deployment import (
+    Deployment,
+    DeploymentError,
+    Parallelism,
+    validate,
+)
+from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_MOE_TEXT_CONFIG
+
+INTERMEDIATE = 3072  # Kimi-K3's moe_intermediate_size
+NUM_EXPERTS = 896
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "short", "subject", "product", "sentence"),
+    [
+        (Parallelism(32), "TP32", "TP32 DP1", "TP 32 x DP 1", "TP32 without"),
+        (Parallelism(8, 4), "TP8 DP4", "TP8 DP4", "TP 8 x DP 4", "TP8 x DP4 without"),
+        (Parallelism(32, 1, True), "TP32 EP", "TP32 DP1", "TP 32 x DP 1", "TP32 with"),
+        (
+            Parallelism(8, 4, True),
+            "TP8 DP4 EP",
+            "TP8 DP4",
+            "TP 8 x DP 4",
+            "TP8 x DP4 with",
+        ),
+    ],
+)
+def test_label_styles(parallelism, short, subject, product, sentence) -> None:
+    assert parallelism.label() == short
+    assert parallelism.label("subject") == subject
+    assert parallelism.label("product") == product
+    assert parallelism.label("sentence") == f"{sentence} expert parallelism"
+
+
+def test_a_deployment_is_named_by_its_topology() -> None:
+    deployment = Deployment(8, dp_size=4, expert_parallel=True, backend="triton")
+    assert deployment.label() == "TP8 DP4 EP"
+    assert deployment.gpus == 32
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "experts", "intermediate"),
+    [
+        (Parallelism(8), NUM_EXPERTS, 384),
+        (Parallelism(32), NUM_EXPERTS, 96),  # 3072 // 32
+        (Parallelism(8, 4), NUM_EXPERTS, 96),  # DP without EP shards over 32 GPUs
+        (Parallelism(32, 1, True), 28, INTERMEDIATE),  # 896 // 32 whole experts
+        (Parallelism(4, 2, True), 112, INTERMEDIATE),
+    ],
+)
+def test_each_gpus_share(parallelism, experts, intermediate) -> None:
+    assert parallelism.experts_per_gpu(NUM_EXPERTS) == experts
+    assert parallelism.intermediate_per_gpu(INTERMEDIATE) == intermediate
+
+
+@pytest.mark.parametrize(
+    ("deployment", "words"),
+    [
+        (Deployment(0), ["at least 1", "TP 0"]),
+        (Deployment(7), ["3072", "7 GPUs (TP 7 x DP 1)"]),
+        (Deployment(6, expert_parallel=True), ["896", "6 expert-parallel GPUs"]),
+        (Deployment(32, backend="auto"), ["resolved by vLLM"]),
+        (Deployment(32, quantization="nvfp4"), ["'nvfp4'"]),
+    ],
+)
+def test_what_cannot_be_sized_is_refused(deployment, words) -> None:
+    with pytest.raises(DeploymentError) as refused:
+        validate(KIMI_K3_MOE_TEXT_CONFIG, deployment)
+    assert "\n" not in str(refused.value)
+    for word in words:
+        assert word in str(refused.value)

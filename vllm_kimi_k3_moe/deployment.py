@@ -1,0 +1,170 @@
+"""A Kimi-K3 deployment as ``vllm serve`` is asked for it, and what each GPU holds.
+
+Plain Python (no torch, no vLLM), so ``check`` and the command line's input
+validation run without paying for either import. The planner (``plan.py``)
+sizes a ``Deployment`` with vLLM's real layers; the checkpoint preflight
+splits the checkpoint by its ``Parallelism``. Both name a topology, refuse an
+uneven split and compute each GPU's share here, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vllm_kimi_k3_moe.expert_tensor_layouts import MXFP4_BLOCK
+
+# vLLM's two MXFP4 MoE paths: native MXFP4 (the released mxfp4-pack-quantized
+# checkpoint, rewritten by vLLM) and the compressed-tensors MXFP4 method.
+QUANTIZATION_PATHS = ("mxfp4", "compressed-tensors")
+# vLLM's Mxfp4MoeBackend members that run on NVIDIA GPUs (ROCm, XPU and CPU
+# kernels left out), as the planner names them.
+NVIDIA_MXFP4_BACKENDS = (
+    "marlin",
+    "batched_marlin",
+    "cutlass_mxfp4_mxfp4",
+    "deepgemm_mxfp4",
+    "flashinfer_trtllm_mxfp4_mxfp8",
+    "flashinfer_trtllm_mxfp4_bf16",
+    "flashinfer_cutlass_mxfp4_mxfp8",
+    "flashinfer_cutlass_mxfp4_bf16",
+    "flashinfer_moe_ep_cutedsl",
+    "flashinfer_moe_ep_deep_gemm",
+    "b12x_mxfp4_mxfp8",
+    "b12x_mxfp4_bf16",
+    "humming",
+    "triton",
+)
+# What vLLM's compressed-tensors MXFP4 MoE method picks by device on NVIDIA.
+COMPRESSED_TENSORS_MXFP4_BACKENDS = ("marlin", "cutlass_mxfp4_mxfp4")
+BACKENDS = dict(
+    zip(
+        QUANTIZATION_PATHS,
+        (NVIDIA_MXFP4_BACKENDS, COMPRESSED_TENSORS_MXFP4_BACKENDS),
+        strict=True,
+    )
+)
+
+# How a topology is named, by where the name appears (see Parallelism.label).
+LabelStyle = Literal["short", "subject", "product", "sentence"]
+
+
+class DeploymentError(ValueError):
+    """A deployment that cannot be sized or checked; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How vLLM spreads Kimi-K3's routed experts: TP x DP GPUs, each expert
+    sharded over all of them, or (expert parallelism) whole experts each."""
+
+    tp_size: int
+    dp_size: int = 1
+    expert_parallel: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp_size * self.dp_size
+
+    def label(self, style: LabelStyle = "short") -> str:
+        """The topology's name; the only place one is built. Each style is
+        what one output has always printed (the suite and README pin them):
+
+        - ``short``: ``TP8 DP4 EP``; plan's table, progress and errors
+        - ``subject``: ``TP8 DP1``; a topology problem in check's list
+        - ``product``: ``TP 8 x DP 1``; the GPU count in a split refusal
+        - ``sentence``: ``TP8 x DP4 with expert parallelism``; check's share
+        """
+        tp, dp = f"TP{self.tp_size}", f"DP{self.dp_size}"
+        if style == "short":
+            parts = [tp]
+            if self.dp_size > 1:
+                parts.append(dp)
+            if self.expert_parallel:
+                parts.append("EP")
+            return " ".join(parts)
+        if style == "subject":
+            return f"{tp} {dp}"
+        if style == "product":
+            return f"TP {self.tp_size} x DP {self.dp_size}"
+        if style == "sentence":
+            sizes = f"{tp} x {dp}" if self.dp_size > 1 else tp
+            how = "with" if self.expert_parallel else "without"
+            return f"{sizes} {how} expert parallelism"
+        raise ValueError(f"unknown label style {style!r}")
+
+    def experts_per_gpu(self, num_experts: int) -> int:
+        """Routed experts each GPU holds: its own slice under expert
+        parallelism (GPU r: experts n*r to n*r+n-1), else all of them."""
+        return num_experts // self.gpus if self.expert_parallel else num_experts
+
+    def intermediate_per_gpu(self, intermediate: int) -> int:
+        """Logical intermediate rows of each expert a GPU holds: all of them
+        under expert parallelism, else its 1/(TP x DP) slice (GPU r: rows
+        n*r to n*r+n-1), before any kernel padding."""
+        return intermediate if self.expert_parallel else intermediate // self.gpus
+
+
+@dataclass(frozen=True)
+class Deployment(Parallelism):
+    """What ``vllm serve`` would be asked for: the topology, the MXFP4 path
+    and the MoE kernel."""
+
+    backend: str = "marlin"
+    quantization: str = "mxfp4"
+
+
+def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
+    """Refuse, with one line naming the bad value, what cannot be sized."""
+    if deployment.tp_size < 1 or deployment.dp_size < 1:
+        raise DeploymentError(
+            f"tensor- and data-parallel sizes must be at least 1, got "
+            f"TP {deployment.tp_size} and DP {deployment.dp_size}"
+        )
+    validate_backend(deployment.quantization, deployment.backend)
+    validate_parallelism(text_config, deployment)
+
+
+def validate_backend(quantization: str, backend: str) -> None:
+    """Refuse a quantization path or MoE backend the planner does not know."""
+    backends = BACKENDS.get(quantization)
+    if backends is None:
+        raise DeploymentError(
+            f"unknown quantization path {quantization!r}; "
+            f"choose one of {', '.join(BACKENDS)}"
+        )
+    if backend == "auto":
+        raise DeploymentError(
+            "--moe-backend auto is resolved by vLLM from the GPU it starts on; "
+            "name the kernel your deployment runs (vLLM logs it at startup), "
+            "e.g. --moe-backend marlin"
+        )
+    if backend not in backends:
+        raise DeploymentError(
+            f"unknown MoE backend {backend!r} for {quantization}; "
+            f"choose one of {', '.join(backends)}"
+        )
+
+
+def validate_parallelism(text_config: dict[str, Any], parallelism: Parallelism) -> None:
+    """Refuse a topology that does not split the routed experts evenly: the
+    experts over the expert-parallel GPUs, or else every expert's
+    intermediate size over all GPUs in whole MXFP4 scale blocks. Even splits
+    are what let rank 0 stand for every GPU."""
+    gpus, product = parallelism.gpus, parallelism.label("product")
+    if parallelism.expert_parallel:
+        experts = text_config["num_experts"]
+        if experts % gpus:
+            raise DeploymentError(
+                f"{experts} routed experts do not split evenly over {gpus} "
+                f"expert-parallel GPUs ({product})"
+            )
+        return
+    intermediate = text_config["moe_intermediate_size"]
+    if intermediate % (gpus * MXFP4_BLOCK):
+        raise DeploymentError(
+            f"moe_intermediate_size {intermediate} does not split evenly over "
+            f"{gpus} GPUs ({product}) in whole MXFP4 scale blocks of {MXFP4_BLOCK} "
+            "values; without expert parallelism vLLM shards every expert over "
+            "all of them"
+        )
