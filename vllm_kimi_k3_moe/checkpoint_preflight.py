@@ -37,7 +37,7 @@ from vllm_kimi_k3_moe.safetensors_headers import (
 )
 
 CONFIG_FILE = "config.json"
-EXPERT_KINDS = ("weight_packed", "weight_scale")
+EXPERT_SUFFIXES = ("weight_packed", "weight_scale")
 EXPERT_DTYPE = "U8"  # packed FP4 pairs and E8M0 scales are bytes
 # vLLM's Kimi-K3 models load text weights from these checkpoint prefixes: the
 # multimodal checkpoint (config nests text_config) and a text-only one.
@@ -102,18 +102,18 @@ class KimiK3Layout:
         """Checkpoint name -> logical shape of every routed-expert tensor (a
         list, as shard headers give shapes)."""
         shapes = {
-            (projection, kind): list(
-                expert_tensor_shape(projection, kind, self.hidden, self.intermediate)
+            (projection, suffix): list(
+                expert_tensor_shape(projection, suffix, self.hidden, self.intermediate)
             )
             for projection in PROJECTIONS
-            for kind in EXPERT_KINDS
+            for suffix in EXPERT_SUFFIXES
         }
         return {
             f"{self.prefix}{layer}.block_sparse_moe.experts.{expert}."
-            f"{projection}.{kind}": shape
+            f"{projection}.{suffix}": shape
             for layer in self.layers
             for expert in range(self.num_experts)
-            for (projection, kind), shape in shapes.items()
+            for (projection, suffix), shape in shapes.items()
         }
 
 

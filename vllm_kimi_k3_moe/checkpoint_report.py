@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from vllm_kimi_k3_moe.checkpoint_preflight import (
-    EXPERT_KINDS,
+    EXPERT_SUFFIXES,
     PreflightReport,
     layer_ranges,
 )
@@ -28,7 +28,7 @@ def summary(report: PreflightReport) -> list[str]:
         else "vLLM loads it with its compressed-tensors MXFP4 method"
     )
     main, mtp = layout.main_layers, layout.mtp_layers
-    per_expert = len(PROJECTIONS) * len(EXPERT_KINDS)
+    per_expert = len(PROJECTIONS) * len(EXPERT_SUFFIXES)
     expected = len(layout.layers) * layout.num_experts * per_expert
     lines = [
         f"checkpoint  {report.directory}",
@@ -39,7 +39,7 @@ def summary(report: PreflightReport) -> list[str]:
         f"layers      {len(main)} MoE layers ({layer_ranges(main)})"
         + (f" + {len(mtp)} MTP ({layer_ranges(mtp)})" if mtp else ""),
         f"experts     {layout.num_experts} per layer x {per_expert} tensors "
-        f"(w1, w3, w2 x {', '.join(EXPERT_KINDS)}): {expected} expected, "
+        f"(w1, w3, w2 x {', '.join(EXPERT_SUFFIXES)}): {expected} expected, "
         f"{report.expert_tensors_checked} found and checked",
     ]
     share = report.share

@@ -40,7 +40,7 @@ from vllm_kimi_k3_moe.simulated_rank import MXFP4_WEIGHT_ARGS
 
 PREFIX = "language_model.layers"
 PROJECTIONS = ("w1", "w3", "w2")  # gate, up, down
-KINDS = ("weight_packed", "weight_scale")
+SUFFIXES = ("weight_packed", "weight_scale")
 
 # The compressed-tensors block of an MXFP4 pack-quantized release: FP4 weights
 # in groups of 32 for the routed experts, everything else left in bf16.
@@ -149,16 +149,16 @@ class KimiK3Spec:
         }
 
 
-def expert_tensor_name(layer: int, expert: int, projection: str, kind: str) -> str:
-    return f"{PREFIX}.{layer}.block_sparse_moe.experts.{expert}.{projection}.{kind}"
+def expert_tensor_name(layer: int, expert: int, projection: str, suffix: str) -> str:
+    return f"{PREFIX}.{layer}.block_sparse_moe.experts.{expert}.{projection}.{suffix}"
 
 
 def expert_tensor_shape(
-    spec: KimiK3Spec, projection: str, kind: str
+    spec: KimiK3Spec, projection: str, suffix: str
 ) -> tuple[int, int]:
     return logical_shape(
         projection,
-        "weight" if kind == "weight_packed" else kind,
+        "weight" if suffix == "weight_packed" else suffix,
         spec.routed_expert_hidden_size,
         spec.moe_intermediate_size,
     )
@@ -169,10 +169,10 @@ def expert_tensors(spec: KimiK3Spec) -> Iterator[tuple[str, tuple[int, int]]]:
     for layer in spec.moe_layers:
         for expert in range(spec.num_experts):
             for projection in PROJECTIONS:
-                for kind in KINDS:
+                for suffix in SUFFIXES:
                     yield (
-                        expert_tensor_name(layer, expert, projection, kind),
-                        expert_tensor_shape(spec, projection, kind),
+                        expert_tensor_name(layer, expert, projection, suffix),
+                        expert_tensor_shape(spec, projection, suffix),
                     )
 
 

@@ -17,26 +17,26 @@ from tests.models.kimi_k3 import kimi_k3_shapes as k3
 
 BASE = 255
 DIGITS = 3  # 255**3 > 16M indices: more than the small checkpoints hold
-SHARDS = ("w1", "w3", "w2")
-KINDS = ("weight", "weight_scale")
-TensorKey = tuple[int, str, str]  # (expert id, shard, kind)
+PROJECTIONS = ("w1", "w3", "w2")
+SUFFIXES = ("weight", "weight_scale")
+TensorKey = tuple[int, str, str]  # (expert id, projection, suffix)
 
 
-def logical_shape(shard: str, kind: str, hidden: int, intermediate: int):
+def logical_shape(projection: str, suffix: str, hidden: int, intermediate: int):
     """Checkpoint shape: w1/w3 are [intermediate, hidden], w2 [hidden,
     intermediate]; MXFP4 packs the input (last) dimension two values per byte
     and keeps one scale byte per 32 values of it."""
-    per_byte = k3.MXFP4_VALUES_PER_BYTE if kind == "weight" else k3.MXFP4_BLOCK
-    if shard == "w2":
+    per_byte = k3.MXFP4_VALUES_PER_BYTE if suffix == "weight" else k3.MXFP4_BLOCK
+    if projection == "w2":
         return (hidden, intermediate // per_byte)
     return (intermediate, hidden // per_byte)
 
 
 def checkpoint_keys(num_experts: int) -> Iterator[TensorKey]:
     for expert in range(num_experts):
-        for shard in SHARDS:
-            for kind in KINDS:
-                yield expert, shard, kind
+        for projection in PROJECTIONS:
+            for suffix in SUFFIXES:
+                yield expert, projection, suffix
 
 
 def checkpoint_indices(
@@ -62,10 +62,10 @@ EXPERT_PARAMETERS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_s
 UNWRITTEN = -1
 
 
-def expert_parameter_name(experts: nn.Module, shard: str, kind: str) -> str:
+def expert_parameter_name(experts: nn.Module, projection: str, suffix: str) -> str:
     """The parameter a checkpoint tensor loads into; compressed-tensors MXFP4
     names the packed weights ``*_weight_packed``, native MXFP4 ``*_weight``."""
-    name = f"{'w2' if shard == 'w2' else 'w13'}_{kind}"
+    name = f"{'w2' if projection == 'w2' else 'w13'}_{suffix}"
     packed = f"{name}_packed"
     return packed if hasattr(experts, packed) else name
 
@@ -77,11 +77,11 @@ def load_checkpoint(
 ) -> None:
     """Feed checkpoint tensors to vLLM's ``RoutedExperts.weight_loader`` the way
     ``load_weights`` does: through each parameter's own ``weight_loader``."""
-    for (expert, shard, kind), tensor in tensors.items():
-        name = expert_parameter_name(experts, shard, kind)
+    for (expert, projection, suffix), tensor in tensors.items():
+        name = expert_parameter_name(experts, projection, suffix)
         param = experts.get_parameter(name)
         param.weight_loader(
-            param, tensor, f"{prefix}.{name}", shard_id=shard, expert_id=expert
+            param, tensor, f"{prefix}.{name}", shard_id=projection, expert_id=expert
         )
 
 
@@ -89,10 +89,10 @@ def expert_parameters(experts: nn.Module) -> dict[str, torch.Tensor]:
     """The four expert tensors, keyed by their native-MXFP4 names."""
     parameters = {}
     for name in EXPERT_PARAMETERS:
-        stem, kind = name.split("_", 1)
-        shard = "w2" if stem == "w2" else "w1"
+        stem, suffix = name.split("_", 1)
+        projection = "w2" if stem == "w2" else "w1"
         parameters[name] = experts.get_parameter(
-            expert_parameter_name(experts, shard, kind)
+            expert_parameter_name(experts, projection, suffix)
         ).data
     return parameters
 

@@ -22,8 +22,8 @@ from torch import nn
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import routed_experts
 from tests.models.kimi_k3.kimi_k3_checkpoint import (
-    KINDS,
     PROJECTIONS,
+    SUFFIXES,
     KimiK3Spec,
     expert_tensor_name,
     write_checkpoint,
@@ -99,9 +99,9 @@ def test_vllm_resolves_the_checkpoint_to_native_mxfp4(
     assert type(vllm_config.quant_config) is Mxfp4Config
 
 
-# The checkpoint tensors of one expert, as "{projection}.{kind}".
+# The checkpoint tensors of one expert, as "{projection}.{suffix}".
 EXPERT_TENSORS = tuple(
-    f"{projection}.{kind}" for projection in PROJECTIONS for kind in KINDS
+    f"{projection}.{suffix}" for projection in PROJECTIONS for suffix in SUFFIXES
 )
 
 
@@ -116,13 +116,13 @@ def valid_region(tensor: str, per_rank: int, padded: int) -> tuple[str, tuple]:
     rows ``[0, padded)`` over the up rows ``[padded, 2 padded)``; ``w2`` and
     its scale carry the intermediate along the last dimension, packed two
     values per byte or one scale per 32 values."""
-    projection, kind = tensor.split(".")
+    projection, suffix = tensor.split(".")
     parameter = f"{'w2' if projection == 'w2' else 'w13'}_weight" + (
-        "_scale" if kind == "weight_scale" else ""
+        "_scale" if suffix == "weight_scale" else ""
     )
     if projection == "w2":
         per_byte = (
-            k3.MXFP4_BLOCK if kind == "weight_scale" else k3.MXFP4_VALUES_PER_BYTE
+            k3.MXFP4_BLOCK if suffix == "weight_scale" else k3.MXFP4_VALUES_PER_BYTE
         )
         return parameter, (slice(None), slice(0, per_rank // per_byte))
     start = padded if projection == "w3" else 0
@@ -172,8 +172,8 @@ def assert_reassembles_bit_for_bit(reassemble, checkpoint_tensors: dict) -> None
     for layer in SPEC.main_moe_layers:
         for expert in range(SPEC.num_experts):
             for tensor in EXPERT_TENSORS:
-                projection, kind = tensor.split(".")
-                name = expert_tensor_name(layer, expert, projection, kind)
+                projection, suffix = tensor.split(".")
+                name = expert_tensor_name(layer, expert, projection, suffix)
                 expected = checkpoint_tensors[name]
                 actual = reassemble(layer, expert, tensor)
                 assert actual.dtype == expected.dtype, name
@@ -270,10 +270,10 @@ def test_without_the_plugin_the_same_load_allocates_upstreams_sizes(
 
 
 @pytest.mark.parametrize(
-    ("projection", "kind"), [("w1", "weight_packed"), ("w2", "weight_scale")]
+    ("projection", "suffix"), [("w1", "weight_packed"), ("w2", "weight_scale")]
 )
 def test_mis_shaped_tensor_is_named_as_the_checkpoint_names_it(
-    tmp_path, kimi_model, rank_config, moe_layers_only_model, projection, kind
+    tmp_path, kimi_model, rank_config, moe_layers_only_model, projection, suffix
 ) -> None:
     """vLLM renames the tensor twice on its way to the expert loader
     (``language_model.model.layers``, native MXFP4's ``.weight``); the error
@@ -285,7 +285,7 @@ def test_mis_shaped_tensor_is_named_as_the_checkpoint_names_it(
         split_into_shards,
     )
 
-    name = expert_tensor_name(1, 2, projection, kind)
+    name = expert_tensor_name(1, 2, projection, suffix)
     tensors = checkpoint_tensors(SPEC)
     rows, cols = tensors[name].shape
     tensors[name] = tensors[name][:, : cols // 2].contiguous()  # half the width

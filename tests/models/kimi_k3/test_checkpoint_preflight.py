@@ -93,9 +93,9 @@ def bytes_of(*shape: int) -> torch.Tensor:
 
 
 EXPERT_5 = [
-    expert_tensor_name(2, 5, projection, kind)
+    expert_tensor_name(2, 5, projection, suffix)
     for projection in ("w1", "w3", "w2")
-    for kind in ("weight_packed", "weight_scale")
+    for suffix in ("weight_packed", "weight_scale")
 ]
 # one tensor per corruption, so that all of them can be applied at once
 W2_SCALE = expert_tensor_name(1, 3, "w2", "weight_scale")

@@ -82,14 +82,14 @@ def test_padding_is_zero_at_construction(
     experts = routed_experts(
         build_kimi_moe(Topology(tp_size), small=True, device="cpu", quantization=CT)
     )
-    for kind in ("weight_packed", "weight_scale"):
-        w13 = getattr(experts, f"w13_{kind}")
+    for suffix in ("weight_packed", "weight_scale"):
+        w13 = getattr(experts, f"w13_{suffix}")
         assert w13.shape[1] == 2 * padded_local
         assert not w13[:, raw_local:padded_local].any()
         assert not w13[:, padded_local + raw_local :].any()
     per_byte = {"weight_packed": k3.MXFP4_VALUES_PER_BYTE, "weight_scale": 32}
-    for kind, values in per_byte.items():
-        w2 = getattr(experts, f"w2_{kind}")
+    for suffix, values in per_byte.items():
+        w2 = getattr(experts, f"w2_{suffix}")
         assert w2.shape[2] == padded_local // values
         assert not w2[..., raw_local // values :].any()
 

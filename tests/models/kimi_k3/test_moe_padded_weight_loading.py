@@ -60,10 +60,10 @@ def test_tp32_rank_placement(
     expected = {n: torch.full_like(t, UNWRITTEN) for n, t in decoded.items()}
     r0, r1 = rows
     for e in range(EXPERTS):
-        for kind in ("weight", "weight_scale"):
-            w13 = expected[f"w13_{kind}"][e]
-            w13[0:96] = indices[(e, "w1", kind)][r0:r1]  # gate: first half
-            w13[128:224] = indices[(e, "w3", kind)][r0:r1]  # up: padded half
+        for suffix in ("weight", "weight_scale"):
+            w13 = expected[f"w13_{suffix}"][e]
+            w13[0:96] = indices[(e, "w1", suffix)][r0:r1]  # gate: first half
+            w13[128:224] = indices[(e, "w3", suffix)][r0:r1]  # up: padded half
         c0, c1 = w2_cols
         expected["w2_weight"][e][:, 0:48] = indices[(e, "w2", "weight")][:, c0:c1]
         s0, s1 = w2_scale_cols
@@ -106,8 +106,8 @@ def test_padded_tail_stays_zero_after_loading(
     assert params["w13_weight"].shape[1] == 2 * PADDED_LOCAL
     assert params["w2_weight"].shape[2] == PADDED_LOCAL // 2
 
-    for kind in ("weight", "weight_scale"):
-        w13 = params[f"w13_{kind}"]
+    for suffix in ("weight", "weight_scale"):
+        w13 = params[f"w13_{suffix}"]
         assert bool((w13[:, 0:96] != 0).all()) and bool((w13[:, 128:224] != 0).all())
         assert not w13[:, 96:128].any() and not w13[:, 224:256].any()
     assert bool((params["w2_weight"][..., 0:48] != 0).all())
@@ -152,8 +152,8 @@ def test_tp32_differs_from_upstream_only_in_partition_width(build_kimi_moe, indi
     assert list(mine) == list(theirs)
     assert mine["w13_weight"].shape[1] == 2 * 128
     assert theirs["w13_weight"].shape[1] == 2 * 256
-    for kind in ("weight", "weight_scale"):
-        name = f"w13_{kind}"
+    for suffix in ("weight", "weight_scale"):
+        name = f"w13_{suffix}"
         assert torch.equal(mine[name][:, 0:96], theirs[name][:, 0:96])
         assert torch.equal(mine[name][:, 128:224], theirs[name][:, 256:352])
     assert torch.equal(mine["w2_weight"][..., 0:48], theirs["w2_weight"][..., 0:48])

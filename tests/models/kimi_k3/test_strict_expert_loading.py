@@ -50,12 +50,12 @@ def ledger(experts):
     return strict_loading.expert_loading(experts)
 
 
-def checkpoint_name(expert: int, shard: str, kind: str) -> str:
+def checkpoint_name(expert: int, projection: str, suffix: str) -> str:
     """The key errors name: the checkpoint's, whose packed MXFP4 weights are
     ``weight_packed`` on both paths (native MXFP4 loads them into
     ``w13_weight``). Fed to the loader directly, keys start at the layer."""
-    suffix = "weight_packed" if kind == "weight" else kind
-    return f"{LAYER}.{expert}.{shard}.{suffix}"
+    suffix = "weight_packed" if suffix == "weight" else suffix
+    return f"{LAYER}.{expert}.{projection}.{suffix}"
 
 
 def snapshot(experts) -> dict[str, torch.Tensor]:
@@ -70,7 +70,7 @@ def assert_unchanged(experts, before: dict[str, torch.Tensor]) -> None:
 # Logical (checkpoint) shapes with HIDDEN 256 and I 3072: w1/w3 weight
 # (3072, 128), w1/w3 scale (3072, 8), w2 weight (256, 1536), w2 scale (256, 96).
 MALFORMED = [
-    # (case, shard, kind, expected shape, malformed shape)
+    # (case, projection, suffix, expected shape, malformed shape)
     ("intermediate 2048", "w1", "weight", (3072, 128), (2048, 128)),
     ("intermediate 3000", "w3", "weight", (3072, 128), (3000, 128)),
     ("intermediate 4096", "w2", "weight", (256, 1536), (256, 2048)),
@@ -87,12 +87,12 @@ MALFORMED = [
 
 @on_both_quantization_paths
 @pytest.mark.parametrize(
-    ("shard", "kind", "expected", "malformed"),
+    ("projection", "suffix", "expected", "malformed"),
     [case[1:] for case in MALFORMED],
     ids=[case[0] for case in MALFORMED],
 )
 def test_malformed_tensor_is_refused_before_any_copy(
-    build_kimi_moe, checkpoint, quantization, shard, kind, expected, malformed
+    build_kimi_moe, checkpoint, quantization, projection, suffix, expected, malformed
 ):
     experts = build(build_kimi_moe, quantization)
     load_checkpoint(experts, {k: v for k, v in checkpoint.items() if k[0] != 2})
@@ -100,10 +100,10 @@ def test_malformed_tensor_is_refused_before_any_copy(
     bad = torch.full(malformed, 7, dtype=torch.uint8)
 
     with pytest.raises(ValueError) as raised:
-        load_checkpoint(experts, {(2, shard, kind): bad})
+        load_checkpoint(experts, {(2, projection, suffix): bad})
 
     message = str(raised.value)
-    assert checkpoint_name(2, shard, kind) in message
+    assert checkpoint_name(2, projection, suffix) in message
     assert "expert 2" in message
     assert str(expected) in message
     assert str(tuple(malformed)) in message
