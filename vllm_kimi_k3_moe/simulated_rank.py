@@ -42,14 +42,21 @@ class GroupStandIn:
 
 @contextmanager
 def _attributes(target: Any, **values: Any) -> Iterator[None]:
-    saved = {name: getattr(target, name) for name in values}
+    """Set attributes of ``target`` for the block, then put back exactly what
+    it held itself (a class's staticmethod stays one; an inherited attribute
+    is inherited again)."""
+    absent = object()
+    saved = {name: vars(target).get(name, absent) for name in values}
     for name, value in values.items():
         setattr(target, name, value)
     try:
         yield
     finally:
         for name, value in saved.items():
-            setattr(target, name, value)
+            if value is absent:
+                delattr(target, name)
+            else:
+                setattr(target, name, value)
 
 
 @contextmanager

@@ -291,3 +291,20 @@ def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
             result = plan(KIMI_K3_MOE_TEXT_CONFIG, deployment)
             assert result.upstream.intermediate_per_rank == 256, backend
             assert result.fixed.intermediate_per_rank in (96, 128), backend
+
+
+def test_planning_leaves_vllms_kernel_checks_as_they_were(kimi_model):
+    """The planner's stand-ins put back exactly what vLLM's classes held."""
+    from vllm.model_executor.layers.fused_moe.experts.cutlass_moe import (
+        CutlassExpertsMxfp4,
+    )
+    from vllm.model_executor.layers.quantization import mxfp4
+
+    from vllm_kimi_k3_moe.simulated_rank import mxfp4_backend_chosen
+
+    before = dict(vars(CutlassExpertsMxfp4)), dict(vars(mxfp4))
+    for quantization in ("compressed-tensors", "mxfp4"):
+        with mxfp4_backend_chosen(quantization, "marlin"):
+            pass
+    assert dict(vars(CutlassExpertsMxfp4)) == before[0]
+    assert dict(vars(mxfp4)) == before[1]
