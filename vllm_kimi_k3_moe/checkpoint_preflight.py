@@ -3,10 +3,10 @@
 From ``config.json`` and the safetensors shard headers alone (no tensor
 data, no torch, no vLLM), every routed-expert tensor vLLM's Kimi-K3 loader
 maps is looked for: for each MoE layer (the MTP draft's included) and each
-expert, the gate (w1), up (w3) and down (w2) projections' ``weight_packed``
-and ``weight_scale``, present once, uint8, with the logical MXFP4 shape. The
-topology must split the experts evenly. Everything wrong is collected, not
-just the first thing.
+expert, the gate (w1), up (w3) and down (w2) projections' tensors in the
+checkpoint's format (``checkpoint_formats``), each present once, with the
+dtype and logical shape of that format. The topology must split the experts
+evenly. Everything wrong is collected, not just the first thing.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_k3_moe.checkpoint_formats import FormatError, checkpoint_format
 from vllm_kimi_k3_moe.deployment import (
     DeploymentError,
     Parallelism,
     validate_backend,
     validate_parallelism,
 )
-from vllm_kimi_k3_moe.expert_tensor_layouts import PROJECTIONS, expert_tensor_shape
+from vllm_kimi_k3_moe.expert_tensor_layouts import PROJECTIONS, CheckpointFormat
 from vllm_kimi_k3_moe.kimi_k3_text_config import (
     ConfigFileError,
     main_moe_layers,
@@ -37,8 +38,7 @@ from vllm_kimi_k3_moe.safetensors_headers import (
 )
 
 CONFIG_FILE = "config.json"
-EXPERT_SUFFIXES = ("weight_packed", "weight_scale")
-EXPERT_DTYPE = "U8"  # packed FP4 pairs and E8M0 scales are bytes
+MODELOPT_CONFIG_FILE = "hf_quant_config.json"
 # vLLM's Kimi-K3 models load text weights from these checkpoint prefixes: the
 # multimodal checkpoint (config nests text_config) and a text-only one.
 MULTIMODAL_PREFIX = "language_model.layers."
@@ -68,8 +68,7 @@ class KimiK3Layout:
     """The routed experts a Kimi-K3 config promises."""
 
     text_config: dict[str, Any]
-    quantization: str  # "mxfp4" (vLLM's rewrite of the release) or compressed-tensors
-    quantization_format: str
+    format: CheckpointFormat
     prefix: str
 
     @property
@@ -98,55 +97,29 @@ class KimiK3Layout:
         """Every MoE layer whose experts the checkpoint holds."""
         return [*self.main_layers, *self.mtp_layers]
 
-    def expert_tensors(self) -> dict[str, list[int]]:
-        """Checkpoint name -> logical shape of every routed-expert tensor (a
-        list, as shard headers give shapes)."""
-        shapes = {
-            (projection, suffix): list(
-                expert_tensor_shape(projection, suffix, self.hidden, self.intermediate)
+    def expert_tensors(self) -> dict[str, tuple[list[int], tuple[str, ...]]]:
+        """Checkpoint name -> (logical shape, a list as shard headers give
+        shapes; the dtypes it may have) of every routed-expert tensor."""
+        per_projection = {
+            (projection, tensor.suffix): (
+                list(tensor.shape(projection, self.hidden, self.intermediate)),
+                tensor.dtypes,
             )
             for projection in PROJECTIONS
-            for suffix in EXPERT_SUFFIXES
+            for tensor in self.format.sharded
+        }
+        per_projection |= {
+            (projection, scalar.suffix): (list(scalar.shape), scalar.dtypes)
+            for projection in PROJECTIONS
+            for scalar in self.format.scalars
         }
         return {
             f"{self.prefix}{layer}.block_sparse_moe.experts.{expert}."
-            f"{projection}.{suffix}": shape
+            f"{projection}.{suffix}": expected
             for layer in self.layers
             for expert in range(self.num_experts)
-            for (projection, suffix), shape in shapes.items()
+            for (projection, suffix), expected in per_projection.items()
         }
-
-
-def _mxfp4_path(quantization_config: Any, config_path: Path) -> tuple[str, str]:
-    """(vLLM quantization path, checkpoint format) of an MXFP4 checkpoint."""
-    if not isinstance(quantization_config, dict):
-        raise PreflightInputError(
-            f"{config_path} has no quantization_config: check verifies MXFP4 "
-            "checkpoints (compressed-tensors, as Kimi-K3 is released)"
-        )
-    method = quantization_config.get("quant_method")
-    checkpoint_format = quantization_config.get("format")
-    if method != "compressed-tensors":
-        raise PreflightInputError(
-            f"{config_path}: quantization_config.quant_method is {method!r}; "
-            "check verifies compressed-tensors MXFP4 checkpoints, as Kimi-K3 "
-            "is released"
-        )
-    if checkpoint_format == "mxfp4-pack-quantized":
-        return "mxfp4", checkpoint_format  # vLLM rewrites it to native MXFP4
-    groups = quantization_config.get("config_groups") or {}
-    for group in groups.values() if isinstance(groups, dict) else ():
-        weights = group.get("weights") if isinstance(group, dict) else None
-        if isinstance(weights, dict) and (
-            weights.get("num_bits"),
-            weights.get("type"),
-            weights.get("group_size"),
-        ) == (4, "float", 32):
-            return "compressed-tensors", str(checkpoint_format)
-    raise PreflightInputError(
-        f"{config_path}: the compressed-tensors config has no MXFP4 weights "
-        "(4-bit float in groups of 32)"
-    )
 
 
 def read_layout(directory: Path) -> KimiK3Layout:
@@ -161,11 +134,19 @@ def read_layout(directory: Path) -> KimiK3Layout:
     quantization_config = document.get("quantization_config")
     if quantization_config is None and isinstance(nested, dict):
         quantization_config = nested.get("quantization_config")
-    quantization, checkpoint_format = _mxfp4_path(quantization_config, config_path)
+    hf_quant_config = None
+    if (directory / MODELOPT_CONFIG_FILE).is_file():
+        try:
+            hf_quant_config = read_config_document(directory / MODELOPT_CONFIG_FILE)
+        except ConfigFileError as error:
+            raise PreflightInputError(str(error)) from None
+    try:
+        fmt = checkpoint_format(quantization_config, hf_quant_config, str(config_path))
+    except FormatError as error:
+        raise PreflightInputError(str(error)) from None
     return KimiK3Layout(
         text_config=text_config,
-        quantization=quantization,
-        quantization_format=checkpoint_format,
+        format=fmt,
         prefix=MULTIMODAL_PREFIX if nested is not None else TEXT_ONLY_PREFIX,
     )
 
@@ -211,16 +192,17 @@ def _shape(shape: list[int]) -> str:
 
 def _compare(
     report: PreflightReport,
-    expected: dict[str, list[int]],
+    expected: dict[str, tuple[list[int], tuple[str, ...]]],
     checkpoint: CheckpointTensors,
 ) -> None:
     problems = report.problems
     tensors, duplicates = checkpoint.tensors, checkpoint.duplicates
-    for name, shape in expected.items():
+    for name, (shape, dtypes) in expected.items():
         tensor = tensors.get(name)
+        dtype_text = " or ".join(dtypes)
         if tensor is None:
             problems.append(
-                Problem("missing", name, f"expected {_shape(shape)} {EXPERT_DTYPE}")
+                Problem("missing", name, f"expected {_shape(shape)} {dtype_text}")
             )
             continue
         report.expert_tensors_checked += 1
@@ -239,12 +221,12 @@ def _compare(
                     f"(in {tensor.shard})",
                 )
             )
-        if tensor.dtype != EXPERT_DTYPE:
+        if dtypes and tensor.dtype not in dtypes:
             problems.append(
                 Problem(
                     "dtype",
                     name,
-                    f"is {tensor.dtype}, expected {EXPERT_DTYPE} (in {tensor.shard})",
+                    f"is {tensor.dtype}, expected {dtype_text} (in {tensor.shard})",
                 )
             )
     for name in sorted(checkpoint.tensors.keys() - expected.keys()):
@@ -256,7 +238,7 @@ def _compare(
                     "looks like a routed-expert tensor but is not one of "
                     f"layers {layer_ranges(report.layout.layers)} x experts 0-"
                     f"{report.layout.num_experts - 1} x w1/w2/w3 x "
-                    "weight_packed/weight_scale under "
+                    f"{'/'.join(report.layout.format.suffixes)} under "
                     f"{report.layout.prefix}; vLLM's Kimi-K3 loader has no "
                     "parameter for it",
                 )
@@ -279,8 +261,13 @@ def preflight(
         raise PreflightInputError(f"checkpoint directory {directory} does not exist")
     layout = read_layout(directory)
     if backend is not None:
+        if layout.format.plan_path is None:
+            raise PreflightInputError(
+                f"--moe-backend sizes vLLM's layer for MXFP4 checkpoints only; "
+                f"this one is {layout.format.name}: run check without it"
+            )
         try:
-            validate_backend(layout.quantization, backend)
+            validate_backend(layout.format.plan_path, backend)
         except DeploymentError as error:
             raise PreflightInputError(str(error)) from None
     try:

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from vllm_kimi_k3_moe.checkpoint_preflight import (
-    EXPERT_SUFFIXES,
-    PreflightReport,
-    layer_ranges,
-)
+from vllm_kimi_k3_moe.checkpoint_preflight import PreflightReport, layer_ranges
 from vllm_kimi_k3_moe.expert_tensor_layouts import PROJECTIONS
 from vllm_kimi_k3_moe.plan import MoeMemoryPlan
 
@@ -22,24 +18,21 @@ def _bytes(count: int) -> str:
 
 def summary(report: PreflightReport) -> list[str]:
     layout = report.layout
-    path = (
-        "vLLM loads it as native MXFP4"
-        if layout.quantization == "mxfp4"
-        else "vLLM loads it with its compressed-tensors MXFP4 method"
-    )
     main, mtp = layout.main_layers, layout.mtp_layers
-    per_expert = len(PROJECTIONS) * len(EXPERT_SUFFIXES)
+    suffixes = layout.format.suffixes
+    per_expert = len(PROJECTIONS) * len(suffixes)
     expected = len(layout.layers) * layout.num_experts * per_expert
     lines = [
         f"checkpoint  {report.directory}",
-        f"format      compressed-tensors {layout.quantization_format}; {path}",
+        f"format      {layout.format.name}; vLLM loads its experts with "
+        f"{layout.format.loads_as}",
         f"shards      {report.shards} headers read (no tensor data), "
         f"{_bytes(report.total_bytes)} referenced, {_bytes(report.expert_bytes)} "
         "of it routed experts",
         f"layers      {len(main)} MoE layers ({layer_ranges(main)})"
         + (f" + {len(mtp)} MTP ({layer_ranges(mtp)})" if mtp else ""),
         f"experts     {layout.num_experts} per layer x {per_expert} tensors "
-        f"(w1, w3, w2 x {', '.join(EXPERT_SUFFIXES)}): {expected} expected, "
+        f"(w1, w3, w2 x {', '.join(suffixes)}): {expected} expected, "
         f"{report.expert_tensors_checked} found and checked",
     ]
     share = report.share
@@ -81,8 +74,8 @@ def verdict(report: PreflightReport) -> list[str]:
     problems = report.problems
     if not problems:
         return [
-            "OK          every routed-expert tensor is present once, uint8, "
-            "with its MXFP4 shape, and the topology divides the model"
+            "OK          every routed-expert tensor is present once, with its "
+            "format's dtype and shape, and the topology divides the model"
         ]
     counts = Counter(problem.kind for problem in problems)
     kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items())

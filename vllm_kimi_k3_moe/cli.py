@@ -310,7 +310,7 @@ def _print_vllm_allocation(report: PreflightReport, backend: str) -> None:
         dp_size=report.parallelism.dp_size,
         expert_parallel=report.parallelism.expert_parallel,
         backend=backend,
-        quantization=report.layout.quantization,
+        quantization=report.layout.format.plan_path,
     )
     try:
         print("\n".join(allocation(plan(report.layout.text_config, deployment))))

@@ -232,9 +232,9 @@ def split_into_shards(tensors: dict[str, torch.Tensor], count: int) -> list[dict
 
 
 def _write_config_and_index(
-    directory: Path, spec: KimiK3Spec, weight_map: dict[str, str], total: int
+    directory: Path, config: dict, weight_map: dict[str, str], total: int
 ) -> None:
-    (directory / "config.json").write_text(json.dumps(spec.config(), indent=2))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
 
@@ -257,11 +257,12 @@ def write_checkpoint(
         save_file(tensors, directory / name, {"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, name))
     total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
-    _write_config_and_index(directory, spec, weight_map, total)
+    _write_config_and_index(directory, spec.config(), weight_map, total)
     return shards
 
 
-DTYPE_BYTES = {"U8": 1, "BF16": 2}
+DTYPE_BYTES = {"U8": 1, "F8_E4M3": 1, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+HeaderEntry = tuple[str, str, tuple[int, ...]]  # (name, dtype, shape)
 
 
 def write_header_only_checkpoint(directory: Path, spec: KimiK3Spec) -> int:
@@ -270,6 +271,15 @@ def write_header_only_checkpoint(directory: Path, spec: KimiK3Spec) -> int:
     takes no disk). Returns the number of tensors."""
     entries = [(name, "U8", shape) for name, shape in expert_tensors(spec)]
     entries += [(name, "BF16", shape) for name, shape in other_tensors(spec).items()]
+    write_headers(directory, spec, entries, spec.config())
+    return len(entries)
+
+
+def write_headers(
+    directory: Path, spec: KimiK3Spec, entries: list[HeaderEntry], config: dict
+) -> None:
+    """Shards holding ``entries`` (headers only, sparse data), their index,
+    and ``config`` as ``config.json``."""
     per_shard = -(-len(entries) // spec.shards)
     weight_map: dict[str, str] = {}
     total = 0
@@ -295,5 +305,4 @@ def write_header_only_checkpoint(directory: Path, spec: KimiK3Spec) -> int:
             shard.write(struct.pack("<Q", len(text)) + text)
             shard.truncate(8 + len(text) + offset)
         total += offset
-    _write_config_and_index(directory, spec, weight_map, total)
-    return len(entries)
+    _write_config_and_index(directory, config, weight_map, total)

@@ -163,7 +163,8 @@ def test_a_clean_checkpoint_passes_and_is_summarised(write, capsys) -> None:
     status, out = check(capsys, str(write()))
     assert status == 0, out
     assert (
-        "compressed-tensors mxfp4-pack-quantized; vLLM loads it as native MXFP4" in out
+        "format      compressed-tensors mxfp4-pack-quantized; vLLM loads its "
+        "experts with native MXFP4 (Mxfp4MoEMethod)" in out
     )
     assert "3 headers read (no tensor data)" in out
     assert "2 MoE layers (1, 2) + 1 MTP (3)" in out
@@ -273,7 +274,7 @@ def test_other_compressed_tensors_mxfp4_formats_take_vllms_ct_path(
     set_quantization(directory, {**config, "format": "pack-quantized"})
     status, out = check(capsys, str(directory))
     assert status == 0
-    assert "vLLM loads it with its compressed-tensors MXFP4 method" in out
+    assert "vLLM loads its experts with CompressedTensorsW4A4Mxfp4MoEMethod" in out
 
 
 def no_directory(directory: Path) -> Path:
@@ -285,8 +286,14 @@ def no_config(directory: Path) -> Path:
     return directory
 
 
-def unquantized(directory: Path) -> Path:
-    set_quantization(directory, None)
+def int8_channel(directory: Path) -> Path:
+    """compressed-tensors, but a scheme no Kimi-K3 release uses."""
+    config = SPEC.config()["quantization_config"]
+    weights = {"num_bits": 8, "type": "int", "strategy": "channel"}
+    group = {**config["config_groups"]["group_0"], "weights": weights}
+    set_quantization(
+        directory, {**config, "format": "int-quantized", "config_groups": {"g": group}}
+    )
     return directory
 
 
@@ -340,8 +347,8 @@ def test_a_text_only_checkpoint_is_read_under_model_layers(write, capsys) -> Non
     [
         (no_directory, "does not exist"),
         (no_config, "config.json does not exist"),
-        (unquantized, "has no quantization_config: check verifies MXFP4 checkpoints"),
-        (fp8, "quantization_config.quant_method is 'fp8'"),
+        (int8_channel, "int-quantized with 8-bit int channel weights; check knows"),
+        (fp8, "quantization_config.quant_method 'fp8'; check knows"),
         (no_shards, "holds neither model.safetensors.index.json nor *.safetensors"),
         (unreadable_index, "is not a usable safetensors index"),
     ],

@@ -1,0 +1,88 @@
+"""Header-only Kimi-K3 checkpoints in each published format (no tensor data).
+
+Per format: the ``quantization_config`` vLLM builds the format's method from
+(``kimi_k3_formats``) and every routed-expert tensor as that format's
+published checkpoints store it, written out per projection: w1/w3 are
+``[rows, cols] = [3072, hidden]`` and w2 ``[hidden, 3072]`` before packing,
+grouping or blocking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.models.kimi_k3.kimi_k3_checkpoint import (
+    HeaderEntry,
+    KimiK3Spec,
+    expert_tensor_name,
+    other_tensors,
+    write_headers,
+)
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
+
+Shape = Callable[[int, int], tuple[int, ...]]  # (rows, cols) -> stored shape
+
+# suffix, stored shape, safetensors dtype
+FORMAT_TENSORS: dict[str, list[tuple[str, Shape, str]]] = {
+    "ct-fp8-block": [
+        ("weight", lambda rows, cols: (rows, cols), "F8_E4M3"),
+        ("weight_scale", lambda rows, cols: (rows // 128, cols // 128), "BF16"),
+    ],
+    "ct-nvfp4": [
+        ("weight_packed", lambda rows, cols: (rows, cols // 2), "U8"),
+        ("weight_scale", lambda rows, cols: (rows, cols // 16), "F8_E4M3"),
+        ("weight_global_scale", lambda rows, cols: (1,), "F32"),
+        ("input_global_scale", lambda rows, cols: (1,), "F32"),
+    ],
+    "modelopt-nvfp4": [
+        ("weight", lambda rows, cols: (rows, cols // 2), "U8"),
+        ("weight_scale", lambda rows, cols: (rows, cols // 16), "F8_E4M3"),
+        ("weight_scale_2", lambda rows, cols: (), "F32"),
+        ("input_scale", lambda rows, cols: (), "F32"),
+    ],
+    "ct-w4a16": [
+        ("weight_packed", lambda rows, cols: (rows, cols // 8), "I32"),
+        ("weight_scale", lambda rows, cols: (rows, cols // 32), "BF16"),
+        ("weight_shape", lambda rows, cols: (2,), "I64"),
+    ],
+    "bf16": [("weight", lambda rows, cols: (rows, cols), "BF16")],
+}
+
+
+def expert_entries(spec: KimiK3Spec, fmt: str) -> list[HeaderEntry]:
+    entries = []
+    hidden, intermediate = spec.routed_expert_hidden_size, spec.moe_intermediate_size
+    for layer in spec.moe_layers:
+        for expert in range(spec.num_experts):
+            for projection in ("w1", "w3", "w2"):
+                rows, cols = (
+                    (hidden, intermediate)
+                    if projection == "w2"
+                    else (intermediate, hidden)
+                )
+                for suffix, shape, dtype in FORMAT_TENSORS[fmt]:
+                    name = expert_tensor_name(layer, expert, projection, suffix)
+                    entries.append((name, dtype, shape(rows, cols)))
+    return entries
+
+
+def write_format_checkpoint(
+    directory: Path,
+    fmt: str,
+    spec: KimiK3Spec | None = None,
+    edit: Callable[[list[HeaderEntry]], None] | None = None,
+) -> int:
+    """Write a header-only checkpoint of ``fmt``; ``edit`` may change its
+    entries first. Returns the number of routed-expert tensors written."""
+    spec = spec or KimiK3Spec()
+    experts = expert_entries(spec, fmt)
+    entries = experts + [
+        (name, "BF16", shape) for name, shape in other_tensors(spec).items()
+    ]
+    if edit is not None:
+        edit(entries)
+    config = spec.config()
+    config["quantization_config"] = QUANTIZATION_CONFIGS[fmt]
+    write_headers(directory, spec, entries, config)
+    return len(experts)

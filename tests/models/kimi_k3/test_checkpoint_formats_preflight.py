@@ -1,0 +1,102 @@
+"""``check`` recognises every published Kimi-K3 format from its config, as vLLM
+will load it, and finds each kind of problem in each format's expert tensors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.models.kimi_k3.format_checkpoints import (
+    FORMAT_TENSORS,
+    write_format_checkpoint,
+)
+from tests.models.kimi_k3.kimi_k3_checkpoint import (
+    QUANTIZATION_CONFIG as RELEASED_MXFP4,
+)
+from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
+from vllm_kimi_k3_moe.checkpoint_formats import FormatError, checkpoint_format
+from vllm_kimi_k3_moe.cli import main
+from vllm_kimi_k3_moe.simulated_rank import Topology
+
+SPEC = KimiK3Spec()
+FORMATS = list(FORMAT_TENSORS)
+
+
+def check(capsys, *args: str) -> tuple[int, str]:
+    status = main(["check", *args])
+    return status, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_clean_checkpoint_of_each_format_passes(tmp_path, capsys, fmt):
+    written = write_format_checkpoint(tmp_path, fmt)
+    status, out = check(capsys, str(tmp_path), "--tp", "32")
+    assert status == 0, out
+    assert f"{written} expected, {written} found and checked" in out
+    suffixes = ", ".join(suffix for suffix, _, _ in FORMAT_TENSORS[fmt])
+    assert f"(w1, w3, w2 x {suffixes})" in out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_problem_is_named_in_each_format(tmp_path, capsys, fmt):
+    sharded, _, dtype = FORMAT_TENSORS[fmt][0]
+    last_suffix = FORMAT_TENSORS[fmt][-1][0]
+    reshaped = expert_tensor_name(1, 2, "w1", sharded)
+    retyped = expert_tensor_name(2, 0, "w2", sharded)
+    dropped = expert_tensor_name(3, 7, "w3", last_suffix)
+
+    def corrupt(entries):
+        for index, (name, entry_dtype, shape) in enumerate(entries):
+            if name == reshaped:
+                entries[index] = (name, entry_dtype, (shape[0] // 2, *shape[1:]))
+            elif name == retyped:
+                entries[index] = (name, "F32" if dtype != "F32" else "BF16", shape)
+        entries[:] = [entry for entry in entries if entry[0] != dropped]
+
+    write_format_checkpoint(tmp_path, fmt, edit=corrupt)
+    status, out = check(capsys, str(tmp_path))
+    assert status == 1
+    assert f"  shape: {reshaped}: is [" in out
+    assert f"  dtype: {retyped}: is " in out and f"expected {dtype}" in out
+    assert f"  missing: {dropped}: expected " in out
+    assert "3 problems (1 shape, 1 dtype, 1 missing)" in out
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "ct-mxfp4", *FORMATS])
+def test_check_names_the_method_vllm_builds(format_experts, fmt):
+    """The format check recognises is the one vLLM 0.33.0 builds: the same
+    quantization method for the routed experts."""
+    backend = {"ct-fp8-block": "triton", "bf16": "triton"}.get(fmt, "marlin")
+    if "nvfp4" in fmt:
+        backend = "flashinfer_cutedsl"
+    experts = format_experts(fmt, backend, Topology(32))
+    # native MXFP4 is what vLLM rewrites the released config to
+    config = RELEASED_MXFP4 if fmt == "mxfp4" else QUANTIZATION_CONFIGS[fmt]
+    recognised = checkpoint_format(config, None, "config.json")
+    assert type(experts.quant_method).__name__ in recognised.loads_as
+
+
+def test_modelopt_hf_quant_config_is_read(tmp_path, capsys):
+    write_format_checkpoint(tmp_path, "modelopt-nvfp4")
+    (tmp_path / "hf_quant_config.json").write_text(
+        '{"quantization": {"quant_algo": "NVFP4", "group_size": 16}}'
+    )
+    status, out = check(capsys, str(tmp_path))
+    assert status == 0, out
+    assert "format      ModelOpt NVFP4; vLLM loads its experts with " in out
+
+
+def test_moe_backend_is_refused_for_formats_plan_cannot_size(tmp_path, capsys):
+    write_format_checkpoint(tmp_path, "ct-fp8-block")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", str(tmp_path), "--moe-backend", "marlin"])
+    assert exit_info.value.code == 2
+    assert "MXFP4 checkpoints only" in capsys.readouterr().err
+
+
+def test_an_unknown_format_lists_the_known_ones():
+    with pytest.raises(FormatError) as raised:
+        checkpoint_format({"quant_method": "awq"}, None, "config.json")
+    message = str(raised.value)
+    assert "quant_method 'awq'" in message
+    assert "compressed-tensors FP8 block" in message and "ModelOpt NVFP4" in message
