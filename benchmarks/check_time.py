@@ -1,18 +1,20 @@
 """Wall time of ``vllm-kimi-k3-moe check`` over a header set the size of Kimi-K3's.
 
-Writes, in a temporary directory, the released checkpoint's layout without its
-data: ``config.json``, the index and 96 shards whose headers declare every
-tensor (92 MoE layers x 896 experts x 6 routed-expert tensors, plus the
-other per-layer tensors) and whose data sections are sparse files of their
-full size (1.5 TB apparent, ~125 MB on disk). Then runs the installed
-``vllm-kimi-k3-moe check`` on it in fresh processes and checks it found the
-checkpoint clean.
+Writes, in a temporary directory, a release-sized checkpoint's layout without
+its data: ``config.json``, the index and 96 shards whose headers declare every
+tensor (92 MoE layers x 896 experts x the format's routed-expert tensors,
+plus the other per-layer tensors) and whose data sections are sparse files of
+their full size (terabytes apparent, ~100-300 MB on disk). Then runs the
+installed ``vllm-kimi-k3-moe check`` on it in fresh processes and checks it
+found the checkpoint clean. Formats: ``mxfp4`` (the release, the default),
+``ct-fp8-block`` (about 2.8 TB), ``ct-nvfp4`` (four tensors per projection).
 
-    python -m benchmarks.check_time [RUNS]    # from the repo root
+    python -m benchmarks.check_time [RUNS] [FORMAT]    # from the repo root
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import subprocess
@@ -21,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.models.kimi_k3.format_checkpoints import write_format_checkpoint
 from tests.models.kimi_k3.kimi_k3_checkpoint import (
     KimiK3Spec,
     write_header_only_checkpoint,
@@ -38,6 +41,7 @@ def header_bytes(directory: Path) -> int:
 
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    fmt = sys.argv[2] if len(sys.argv) > 2 else "mxfp4"
     script = shutil.which("vllm-kimi-k3-moe")
     if script is None:
         sys.exit("vllm-kimi-k3-moe is not on PATH: pip install the package first")
@@ -45,11 +49,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kimi-k3-headers-") as name:
         directory = Path(name)
         start = time.perf_counter()
-        tensors = write_header_only_checkpoint(directory, spec)
+        if fmt == "mxfp4":
+            write_header_only_checkpoint(directory, spec)
+        else:
+            write_format_checkpoint(directory, fmt, spec)
+        index = json.loads((directory / "model.safetensors.index.json").read_text())
+        tensors = len(index["weight_map"])
         written = time.perf_counter() - start
         apparent = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
         print(
-            f"header set: {spec.shards} shards, {tensors} tensors, "
+            f"{fmt} header set: {spec.shards} shards, {tensors} tensors, "
             f"{apparent / 1e12:.2f} TB apparent, {header_bytes(directory) / 1e6:.0f} "
             f"MB of index and headers (written in {written:.1f} s)"
         )
