@@ -44,6 +44,8 @@ def test_each_problem_is_named_in_each_format(tmp_path, capsys, fmt):
     reshaped = expert_tensor_name(1, 2, "w1", sharded)
     retyped = expert_tensor_name(2, 0, "w2", sharded)
     dropped = expert_tensor_name(3, 7, "w3", last_suffix)
+    doubled = expert_tensor_name(1, 0, "w3", last_suffix)
+    stray = expert_tensor_name(1, 0, "w1", "weight_zero_point")
 
     def corrupt(entries):
         for index, (name, entry_dtype, shape) in enumerate(entries):
@@ -52,6 +54,8 @@ def test_each_problem_is_named_in_each_format(tmp_path, capsys, fmt):
             elif name == retyped:
                 entries[index] = (name, "F32" if dtype != "F32" else "BF16", shape)
         entries[:] = [entry for entry in entries if entry[0] != dropped]
+        # the last shard gets a second copy of a first-shard tensor
+        entries += [next(e for e in entries if e[0] == doubled), (stray, "I32", (1,))]
 
     write_format_checkpoint(tmp_path, fmt, edit=corrupt)
     status, out = check(capsys, str(tmp_path))
@@ -59,7 +63,11 @@ def test_each_problem_is_named_in_each_format(tmp_path, capsys, fmt):
     assert f"  shape: {reshaped}: is [" in out
     assert f"  dtype: {retyped}: is " in out and f"expected {dtype}" in out
     assert f"  missing: {dropped}: expected " in out
-    assert "3 problems (1 shape, 1 dtype, 1 missing)" in out
+    assert f"  duplicate: {doubled}: in model-00001-of-00003.safetensors and " in out
+    assert f"  unexpected: {stray}: " in out
+    counts = out.split("5 problems (", 1)[1].split(")", 1)[0].split(", ")
+    kinds = ["1 shape", "1 dtype", "1 missing", "1 duplicate", "1 unexpected"]
+    assert sorted(counts) == sorted(kinds)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "ct-mxfp4", *FORMATS])
