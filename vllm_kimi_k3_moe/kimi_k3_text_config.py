@@ -23,13 +23,13 @@ KIMI_K3_MOE_TEXT_CONFIG: dict[str, Any] = {
     "first_k_dense_replace": 1,  # layer 0 is dense: 92 MoE layers
     "moe_layer_freq": 1,
     "hidden_act": "situ",
-    "activation_situ_beta": 1.0,
-    "activation_situ_linear_beta": 0.0,
+    "activation_situ_beta": 4.0,
+    "activation_situ_linear_beta": 25.0,
     "use_grouped_topk": True,
     "num_expert_group": 1,
     "topk_group": 1,
     "moe_router_activation_func": "sigmoid",
-    "routed_scaling_factor": 2.5,
+    "routed_scaling_factor": 1.0,
 }
 
 # Without these a config does not describe a MoE model the planner can size;
