@@ -12,11 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from torch import Tensor
+
 from tests.models.kimi_k3.kimi_k3_checkpoint import (
     HeaderEntry,
     KimiK3Spec,
     expert_tensor_name,
     other_tensors,
+    split_into_shards,
+    write_checkpoint,
     write_headers,
 )
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
@@ -86,3 +91,49 @@ def write_format_checkpoint(
     config["quantization_config"] = QUANTIZATION_CONFIGS[fmt]
     write_headers(directory, spec, entries, config)
     return len(experts)
+
+
+# safetensors dtype -> torch dtype, for checkpoints with data
+TORCH_DTYPES = {
+    "U8": torch.uint8,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "I32": torch.int32,
+    "I64": torch.int64,
+}
+
+
+def tensor_data(
+    spec: KimiK3Spec, name: str, dtype: str, shape: tuple[int, ...], seed: int
+) -> Tensor:
+    """Seeded, finite, non-zero values (a stored shape holds the real one)."""
+    generator = torch.Generator().manual_seed(seed)
+    torch_dtype = TORCH_DTYPES[dtype]
+    if name.endswith("weight_shape"):
+        hidden, intermediate = (
+            spec.routed_expert_hidden_size,
+            spec.moe_intermediate_size,
+        )
+        rows_cols = (hidden, intermediate) if ".w2." in name else (intermediate, hidden)
+        return torch.tensor(rows_cols, dtype=torch_dtype)
+    if torch_dtype.is_floating_point:
+        values = torch.rand(shape, generator=generator) * 4 + 0.5  # 0.5 .. 4.5
+        return values.to(torch_dtype)
+    high = 255 if torch_dtype == torch.uint8 else 2**30
+    return torch.randint(1, high, shape, generator=generator, dtype=torch_dtype)
+
+
+def write_format_checkpoint_with_data(
+    directory: Path, fmt: str, spec: KimiK3Spec
+) -> dict[str, Tensor]:
+    """A small ``fmt`` checkpoint with data (routed experts only); returns
+    its tensors by name."""
+    tensors = {
+        name: tensor_data(spec, name, dtype, shape, seed)
+        for seed, (name, dtype, shape) in enumerate(expert_entries(spec, fmt))
+    }
+    config = spec.config()
+    config["quantization_config"] = QUANTIZATION_CONFIGS[fmt]
+    write_checkpoint(directory, spec, split_into_shards(tensors, spec.shards), config)
+    return tensors

@@ -243,10 +243,12 @@ def write_checkpoint(
     directory: Path,
     spec: KimiK3Spec | None = None,
     shards: list[dict[str, torch.Tensor]] | None = None,
+    config: dict | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Write ``config.json``, the shards and the index to ``directory``, and
     return the shards' tensors. ``shards`` replaces the generated tensors
-    (corruption tests edit them); a name in two shards is indexed to the last."""
+    (corruption tests edit them); a name in two shards is indexed to the last.
+    ``config`` replaces the generated ``config.json``."""
     spec = spec or KimiK3Spec()
     if shards is None:
         shards = split_into_shards(checkpoint_tensors(spec), spec.shards)
@@ -257,7 +259,7 @@ def write_checkpoint(
         save_file(tensors, directory / name, {"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, name))
     total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
-    _write_config_and_index(directory, spec.config(), weight_map, total)
+    _write_config_and_index(directory, config or spec.config(), weight_map, total)
     return shards
 
 

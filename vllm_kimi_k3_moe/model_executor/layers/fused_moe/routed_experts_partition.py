@@ -108,8 +108,11 @@ def choose_partition(
             allocated = upstream
             reason = "no rule for this method: vLLM alone's partition, zeroed"
         else:
-            allocated = rule.smallest_partition(method, hidden, own, round_up, upstream)
-            if rule.adopt is not None and allocated < upstream:
+            smallest = rule.smallest_partition(method, hidden, own, round_up, upstream)
+            allocated = min(smallest, upstream)
+            if rule.adopt is not None and allocated == smallest:
+                # e.g. FP8 blocks: at TP16 the 256 equals vLLM alone's, but
+                # only block-aligned loading puts the right scales in it
                 rule.adopt(method, allocated)
             reason = f"smallest partition accepted ({rule.name})"
     return PartitionChoice(

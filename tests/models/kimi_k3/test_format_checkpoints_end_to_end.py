@@ -1,0 +1,202 @@
+"""A small checkpoint in each published Kimi-K3 format, loaded as vLLM loads it
+(``ModelConfig`` reads its ``config.json``, ``DefaultModelLoader`` streams the
+shards, Kimi-K3's name mapping reaches each rank's loader) into every rank of
+TP8, TP16, TP32 and an expert-parallel deployment: the ranks' valid regions
+give back every routed-expert tensor bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.models.kimi_k3.builders import routed_experts
+from tests.models.kimi_k3.format_checkpoints import (
+    FORMAT_TENSORS,
+    write_format_checkpoint_with_data,
+)
+from tests.models.kimi_k3.gpu_stand_ins import moe_kernels_on_their_gpu
+from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
+from vllm_kimi_k3_moe.simulated_rank import Topology, simulated_rank
+
+# One MoE layer (1) of four experts; the real 3072 intermediate size.
+SPEC = KimiK3Spec(num_experts=4, num_hidden_layers=2, num_nextn_predict_layers=0)
+LAYER = 1
+INTERMEDIATE = SPEC.moe_intermediate_size
+ROUTED_EXPERTS = ".block_sparse_moe.experts."
+
+
+@pytest.fixture(scope="module", params=list(FORMAT_TENSORS))
+def checkpoint(request, tmp_path_factory):
+    fmt = request.param
+    directory = tmp_path_factory.mktemp(f"kimi-k3-{fmt}")
+    return fmt, directory, write_format_checkpoint_with_data(directory, fmt, SPEC)
+
+
+def load_rank(moe_layers_only_model, kimi_model, directory, topology) -> nn.Module:
+    """Build ``topology``'s rank from the checkpoint's config and load the
+    checkpoint into it, as vLLM's default loader does (Marlin where the
+    format has it, Triton for BF16)."""
+    from vllm.config import (
+        DeviceConfig,
+        KernelConfig,
+        LoadConfig,
+        ModelConfig,
+        ParallelConfig,
+        VllmConfig,
+    )
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+    from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
+
+    model_config = ModelConfig(model=str(directory), skip_tokenizer_init=True)
+    with simulated_rank(topology), moe_kernels_on_their_gpu():
+        vllm_config = VllmConfig(
+            model_config=model_config,
+            device_config=DeviceConfig(device="cpu"),
+            parallel_config=ParallelConfig(
+                tensor_parallel_size=topology.tp_size,
+                enable_expert_parallel=topology.expert_parallel,
+            ),
+            kernel_config=KernelConfig(moe_backend="marlin"),
+        )
+        model = moe_layers_only_model(vllm_config, kimi_model.KimiMoE)
+        weights = DefaultModelLoader(LoadConfig()).get_all_weights(model_config, model)
+        AutoWeightsLoader(model).load_weights(
+            ((name, w) for name, w in weights if ROUTED_EXPERTS in name),
+            mapper=KimiK3ForConditionalGeneration.hf_to_vllm_mapper,
+        )
+    layers = model.language_model.model.layers
+    return routed_experts(layers[LAYER].block_sparse_moe)
+
+
+def parameter(experts: nn.Module, projection: str, suffix: str) -> torch.Tensor:
+    return getattr(experts, f"{'w2' if projection == 'w2' else 'w13'}_{suffix}")
+
+
+def rows_held(experts: nn.Module, rank: int, tp_size: int) -> tuple[int, int]:
+    """Checkpoint intermediate rows [start, end) this TP rank holds: an even
+    slice, or whole blocks of its partition (FP8 block-aligned loading)."""
+    config = experts.moe_config
+    step = (
+        experts.intermediate_size_per_partition
+        if config.tp_shard_with_padding
+        else INTERMEDIATE // tp_size
+    )
+    start = min(rank * step, INTERMEDIATE)
+    return start, min(start + step, INTERMEDIATE)
+
+
+def valid_region(experts, projection, suffix, checkpoint_tensor, rows, local_expert):
+    """The part of a rank's parameter that holds the checkpoint's ``rows``."""
+    param = parameter(experts, projection, suffix)[local_expert]
+    start, end = rows
+    if projection == "w2":  # the intermediate is the input (last) dimension
+        unit = INTERMEDIATE // checkpoint_tensor.shape[1]
+        return param[:, : (end - start) // unit]
+    unit = INTERMEDIATE // checkpoint_tensor.shape[0]
+    first = 0 if projection == "w1" else param.shape[0] // 2
+    return param[first : first + (end - start) // unit]
+
+
+def same_bits(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Equal shapes and bytes (in the checkpoint's dtype)."""
+    if actual.shape != expected.shape:
+        return False
+    actual = actual.to(expected.dtype).contiguous().reshape(-1)
+    expected = expected.contiguous().reshape(-1)
+    return torch.equal(actual.view(torch.uint8), expected.view(torch.uint8))
+
+
+def suffixes(fmt: str, *, sharded: bool) -> list[str]:
+    """The format's TP-sharded (matrix) or per-tensor (scale, shape) suffixes."""
+    return [
+        suffix
+        for suffix, shape, _ in FORMAT_TENSORS[fmt]
+        if (len(shape(8, 8)) == 2) == sharded
+    ]
+
+
+def per_tensor_value(experts, projection, suffix, local_expert) -> torch.Tensor:
+    """What a rank holds of a per-tensor checkpoint value: w1 and w3 side by
+    side in ``w13_*``; a stored shape (the same for w1 and w3) whole."""
+    param = parameter(experts, projection, suffix)[local_expert]
+    if suffix == "weight_shape" or projection == "w2":
+        return param
+    return param[0 if projection == "w1" else 1]
+
+
+def assert_per_tensor_values(fmt, tensors, experts_of) -> None:
+    for expert in range(SPEC.num_experts):
+        experts, local = experts_of(expert)
+        for projection in ("w1", "w3", "w2"):
+            for suffix in suffixes(fmt, sharded=False):
+                name = expert_tensor_name(LAYER, expert, projection, suffix)
+                expected = tensors[name]
+                value = per_tensor_value(experts, projection, suffix, local)
+                assert same_bits(value.reshape(expected.shape), expected), name
+
+
+@pytest.mark.parametrize("tp_size", [8, 16, 32])
+def test_tp_ranks_give_back_every_expert_tensor(
+    checkpoint, tp_size, moe_layers_only_model, kimi_model
+):
+    fmt, directory, tensors = checkpoint
+    ranks = [
+        load_rank(moe_layers_only_model, kimi_model, directory, Topology(tp_size, r))
+        for r in range(tp_size)
+    ]
+    for expert in range(SPEC.num_experts):
+        for projection in ("w1", "w3", "w2"):
+            for suffix in suffixes(fmt, sharded=True):
+                name = expert_tensor_name(LAYER, expert, projection, suffix)
+                expected = tensors[name]
+                pieces = [
+                    valid_region(
+                        experts,
+                        projection,
+                        suffix,
+                        expected,
+                        rows_held(experts, rank, tp_size),
+                        expert,
+                    )
+                    for rank, experts in enumerate(ranks)
+                ]
+                whole = torch.cat(pieces, dim=1 if projection == "w2" else 0)
+                assert same_bits(whole, expected), f"{fmt}: {name}"
+    for experts in ranks:  # every rank holds every expert's per-tensor values
+        assert_per_tensor_values(fmt, tensors, lambda e, x=experts: (x, e))
+
+
+def test_expert_parallel_ranks_give_back_every_expert_tensor(
+    checkpoint, moe_layers_only_model, kimi_model
+):
+    fmt, directory, tensors = checkpoint
+    ep_size = 4
+    ranks = [
+        load_rank(
+            moe_layers_only_model,
+            kimi_model,
+            directory,
+            Topology(ep_size, r, expert_parallel=True),
+        )
+        for r in range(ep_size)
+    ]
+    per_rank = SPEC.num_experts // ep_size
+    for expert in range(SPEC.num_experts):
+        experts = ranks[expert // per_rank]
+        for projection in ("w1", "w3", "w2"):
+            for suffix in suffixes(fmt, sharded=True):
+                name = expert_tensor_name(LAYER, expert, projection, suffix)
+                region = valid_region(
+                    experts,
+                    projection,
+                    suffix,
+                    tensors[name],
+                    (0, INTERMEDIATE),
+                    expert % per_rank,
+                )
+                assert same_bits(region, tensors[name]), f"{fmt}: {name}"
+    assert_per_tensor_values(
+        fmt, tensors, lambda e: (ranks[e // per_rank], e % per_rank)
+    )
