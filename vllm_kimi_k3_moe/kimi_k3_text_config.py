@@ -32,6 +32,41 @@ KIMI_K3_MOE_TEXT_CONFIG: dict[str, Any] = {
     "routed_scaling_factor": 1.0,
 }
 
+# The rest of Kimi-K3's published text config, for building the whole language
+# model (``whole_model``): attention, embeddings, the dense layer. The MoE
+# planner does not read these.
+KIMI_K3_FULL_ATTENTION_LAYERS = [*range(4, 93, 4), 93]  # 1-based: 24 MLA layers
+KIMI_K3_ATTENTION_CONFIG: dict[str, Any] = {
+    "vocab_size": 163840,
+    "intermediate_size": 33792,  # the dense MLP of layer 0
+    "num_attention_heads": 96,
+    "num_key_value_heads": 96,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "mla_use_nope": True,
+    "mla_use_output_gate": True,
+    # vLLM's KimiLinearConfig numbers these layer lists from 1, as the published
+    # config does: is_kda_layer(i) tests i + 1 for the 0-based layer index i.
+    "linear_attn_config": {
+        "num_heads": 96,
+        "head_dim": 128,
+        "short_conv_kernel_size": 4,
+        "use_full_rank_gate": True,
+        "gate_lower_bound": -5.0,
+        "full_attn_layers": KIMI_K3_FULL_ATTENTION_LAYERS,
+        "kda_layers": [  # the other 69
+            n for n in range(1, 94) if n not in KIMI_K3_FULL_ATTENTION_LAYERS
+        ],
+    },
+    "attn_res_block_size": 12,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 0,
+}
+
 # Without these a config does not describe a MoE model the planner can size;
 # the other fields fall back to vLLM's KimiLinearConfig defaults.
 REQUIRED_FIELDS = (

@@ -34,14 +34,24 @@ class Topology:
 @dataclass(frozen=True)
 class GroupStandIn:
     """Stands in for a ``GroupCoordinator``: without GPUs there are no
-    torch.distributed groups, and building a layer reads only these two."""
+    torch.distributed groups, and building a layer (or, for the PP group, the
+    whole model) reads only these: the size, this rank, and whether it is
+    the first or last rank (as ``GroupCoordinator`` derives them)."""
 
     world_size: int
     rank_in_group: int
 
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank_in_group == 0
+
+    @property
+    def is_last_rank(self) -> bool:
+        return self.rank_in_group == self.world_size - 1
+
 
 @contextmanager
-def _attributes(target: Any, **values: Any) -> Iterator[None]:
+def replaced_attributes(target: Any, **values: Any) -> Iterator[None]:
     """Set attributes of ``target`` for the block, then put back exactly what
     it held itself (a class's staticmethod stays one; an inherited attribute
     is inherited again)."""
@@ -65,7 +75,7 @@ def simulated_rank(topology: Topology) -> Iterator[None]:
     from vllm.distributed import parallel_state
 
     ep = topology.expert_parallel
-    with _attributes(
+    with replaced_attributes(
         parallel_state,
         _TP=GroupStandIn(topology.tp_size, topology.tp_rank),
         _DP=GroupStandIn(topology.dp_size, topology.dp_rank),
@@ -144,13 +154,13 @@ def mxfp4_backend_chosen(quantization: str, backend: str) -> Iterator[None]:
     chosen = Mxfp4MoeBackend[backend.upper()]
     if quantization == "compressed-tensors":
         cutlass = chosen == Mxfp4MoeBackend.CUTLASS_MXFP4_MXFP4
-        with _attributes(
+        with replaced_attributes(
             CutlassExpertsMxfp4, _supports_current_device=staticmethod(lambda: cutlass)
         ):
             yield
         return
     experts_cls = backend_to_kernel_cls(chosen)[0]
-    with _attributes(
+    with replaced_attributes(
         mxfp4,
         select_deepseek_v4_mxfp4_moe_backend=lambda moe: (chosen, experts_cls),
     ):
@@ -158,20 +168,30 @@ def mxfp4_backend_chosen(quantization: str, backend: str) -> Iterator[None]:
 
 
 def rank_vllm_config(
-    topology: Topology, quantization: str = "mxfp4", model_config: Any = None
+    topology: Topology,
+    quantization: str = "mxfp4",
+    model_config: Any = None,
+    *,
+    architecture: Any = None,
 ) -> Any:
     """A fresh ``VllmConfig`` for ``topology`` (vLLM refuses two layers with
     one name under one config): MXFP4 of ``quantization``'s path, or, given a
-    checkpoint's ``ModelConfig``, what vLLM resolves from it. Its MoE backend
-    is ``marlin`` (as ``--moe-backend marlin`` sets it) whatever kernel the
-    caller means to run: the planner makes vLLM pick its MXFP4 kernel with
-    ``mxfp4_backend_chosen``; the tests keep Marlin and answer its device
-    check, which a CPU box fails."""
+    checkpoint's ``ModelConfig``, what vLLM resolves from it. Given instead an
+    ``architecture`` (a ``ModelConfig`` of a weightless ``config.json``, for
+    building the whole model), its model with ``quantization``'s MXFP4 path.
+    Its MoE backend is ``marlin`` (as ``--moe-backend marlin`` sets it)
+    whatever kernel the caller means to run: the planner makes vLLM pick its
+    MXFP4 kernel with ``mxfp4_backend_chosen``; the tests keep Marlin and
+    answer its device check, which a CPU box fails."""
     from vllm.config import DeviceConfig, KernelConfig, ParallelConfig, VllmConfig
 
-    if model_config is not None:
+    if model_config is not None or architecture is not None:
         return VllmConfig(
-            model_config=model_config,
+            model_config=model_config if model_config is not None else architecture,
+            # None: vLLM resolves the checkpoint's own quantization
+            quant_config=None
+            if model_config is not None
+            else quant_config(quantization),
             device_config=DeviceConfig(device="cpu"),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=topology.tp_size,
