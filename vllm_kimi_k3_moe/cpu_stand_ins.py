@@ -8,6 +8,10 @@ on), and the GPU's compute-unit count. Each stand-in below replaces one of
 those for the duration of a ``with`` block and holds no parameters, so every
 parameter the model allocates is vLLM's own; everything it replaces is
 restored on exit. The parallel groups are ``simulated_rank``'s.
+
+``current_platform.num_compute_units()`` (which a CPU platform does not
+implement) needs no stand-in: only the MLA kernel objects ask for it, and
+they are stood in for here.
 """
 
 from __future__ import annotations

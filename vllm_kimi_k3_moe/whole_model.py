@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +69,7 @@ class WholeModelSize:
     fixed: ModelAllocation
 
 
-def component_of(name: str, kda_layer: Any) -> str:
+def component_of(name: str, kda_layer: Callable[[int], bool]) -> str:
     """The component a parameter of ``KimiLinearForCausalLM`` belongs to, by
     its name; ``kda_layer(i)`` says whether 0-based layer ``i`` is KDA."""
     if name.startswith("model.embed_tokens."):
@@ -87,7 +87,7 @@ def component_of(name: str, kda_layer: Any) -> str:
     return "moe_routed_experts" if _ROUTED.search(name) else "moe_other"
 
 
-def allocation_of(model: Any, kda_layer: Any) -> ModelAllocation:
+def allocation_of(model: Any, kda_layer: Callable[[int], bool]) -> ModelAllocation:
     """Sum the bytes of every parameter of ``model`` by component."""
     components = dict.fromkeys(COMPONENTS, 0)
     count = 0
