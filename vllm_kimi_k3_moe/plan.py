@@ -116,29 +116,15 @@ class MoeMemoryPlan:
 
 
 def _build(kimi_moe_cls: type, text_config: dict[str, Any], deployment: Deployment):
-    import torch
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
-    from vllm.utils.torch_utils import set_default_torch_dtype
 
     from vllm_kimi_k3_moe.simulated_rank import (
-        Topology,
         build_kimi_moe_layer,
-        mxfp4_backend_chosen,
         rank_vllm_config,
-        simulated_rank,
+        rank_zero_of,
     )
 
-    topology = Topology(
-        deployment.tp_size,
-        dp_size=deployment.dp_size,
-        expert_parallel=deployment.expert_parallel,
-    )
-    with (
-        simulated_rank(topology),
-        mxfp4_backend_chosen(deployment.quantization, deployment.backend),
-        # Weights outside the MXFP4 experts are bfloat16, Kimi-K3's dtype.
-        set_default_torch_dtype(torch.bfloat16),
-    ):
+    with rank_zero_of(deployment) as topology:
         vllm_config = rank_vllm_config(topology, deployment.quantization)
         try:
             return build_kimi_moe_layer(

@@ -167,6 +167,27 @@ def mxfp4_backend_chosen(quantization: str, backend: str) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def rank_zero_of(deployment: Any) -> Iterator[Topology]:
+    """Pose as rank 0 of a ``deployment.Deployment``: its parallel groups,
+    its MXFP4 kernel chosen, and bfloat16 (Kimi-K3's dtype) as the default
+    for weights outside the MXFP4 experts. Yields the topology."""
+    import torch
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    topology = Topology(
+        deployment.tp_size,
+        dp_size=deployment.dp_size,
+        expert_parallel=deployment.expert_parallel,
+    )
+    with (
+        simulated_rank(topology),
+        mxfp4_backend_chosen(deployment.quantization, deployment.backend),
+        set_default_torch_dtype(torch.bfloat16),
+    ):
+        yield topology
+
+
 def rank_vllm_config(
     topology: Topology,
     quantization: str = "mxfp4",

@@ -133,38 +133,21 @@ def build_language_model(
 
     import torch
     from vllm.config import set_current_vllm_config
-    from vllm.utils.torch_utils import set_default_torch_dtype
 
     import vllm_kimi_k3_moe
     from vllm_kimi_k3_moe.cpu_stand_ins import whole_model_on_cpu
-    from vllm_kimi_k3_moe.simulated_rank import (
-        Topology,
-        mxfp4_backend_chosen,
-        rank_vllm_config,
-        simulated_rank,
-    )
+    from vllm_kimi_k3_moe.simulated_rank import rank_vllm_config, rank_zero_of
 
     model_module = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
-    topology = Topology(
-        deployment.tp_size,
-        dp_size=deployment.dp_size,
-        expert_parallel=deployment.expert_parallel,
-    )
     with (
-        simulated_rank(topology),
-        mxfp4_backend_chosen(deployment.quantization, deployment.backend),
+        rank_zero_of(deployment) as topology,
         whole_model_on_cpu(),
         kimi_moe_class(model_module, kimi_moe_cls),
     ):
         vllm_config = rank_vllm_config(
             topology, deployment.quantization, architecture=architecture
         )
-        with (
-            set_current_vllm_config(vllm_config),
-            # Weights outside the MXFP4 experts are bfloat16, Kimi-K3's dtype.
-            set_default_torch_dtype(torch.bfloat16),
-            torch.device("meta"),
-        ):
+        with set_current_vllm_config(vllm_config), torch.device("meta"):
             return model_module.KimiLinearForCausalLM(
                 vllm_config=vllm_config, prefix=""
             )
