@@ -56,6 +56,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.method_kinds import method_kind
+
 RoundUp = Callable[[int, int], int]  # (hidden, n) -> the method's own n'
 
 # Partitions are searched in steps of the finest quantization group Kimi-K3
@@ -69,7 +71,7 @@ class PartitionRule:
 
     name: str  # the vLLM check it calls, for the startup log
     accepts: Callable[[Any, int, int], bool] | None = None  # (method, hidden, n)
-    adopt: Callable[[Any, int], None] | None = None  # (method, n): side effects
+    adopt: Callable[[Any], None] | None = None  # (method): what else it needs
 
     def smallest_partition(
         self, method: Any, hidden: int, asked: int, round_up: RoundUp, limit: int
@@ -123,16 +125,16 @@ def _fp8_block_accepts(method: Any, hidden: int, n: int) -> bool:
     return not pad_tp_shard_to_weight_blocks(config, method.weight_block_size)
 
 
-def _fp8_block_adopt(method: Any, n: int) -> None:
+def _fp8_block_adopt(method: Any) -> None:
     """Load whole checkpoint blocks per rank, as vLLM's native FP8 method
     does for a partition that splits a block (``tp_shard_with_padding``):
-    rank r holds rows [r*n, (r+1)*n) of 3072, with their own block scales."""
+    rank r holds rows [r*n, (r+1)*n) of 3072 for its partition n, with their
+    own block scales."""
     from vllm.model_executor.layers.fused_moe.oracle.fp8 import (
         pad_tp_shard_to_weight_blocks,
     )
 
     pad_tp_shard_to_weight_blocks(method.moe, method.weight_block_size)
-    method.moe.intermediate_size_per_partition = n
 
 
 # ``swizzle_blockscale`` (quantization/utils/nvfp4_utils.py) lays NVFP4 block
@@ -179,46 +181,37 @@ def _wna16_accepts(method: Any, hidden: int, n: int) -> bool:
 
 
 OWNS_ITS_PADDING = PartitionRule("the method's own maybe_roundup_sizes")
+NVFP4_RULE = PartitionRule(
+    "swizzle_blockscale row tiles on CUTLASS-family kernels", accepts=_nvfp4_accepts
+)
 
-# Keyed by class name, looked up along the method's MRO: importing every
-# method module to key by class would import kernels Kimi-K3 never uses.
+# By method kind (``method_kinds``).
 RULES: dict[str, PartitionRule] = {
-    "Mxfp4MoEMethod": OWNS_ITS_PADDING,
-    "UnquantizedFusedMoEMethod": OWNS_ITS_PADDING,
-    "Fp8MoEMethod": OWNS_ITS_PADDING,
-    "CompressedTensorsW4A4Mxfp4MoEMethod": PartitionRule(
+    "native-mxfp4": OWNS_ITS_PADDING,
+    "bf16": OWNS_ITS_PADDING,
+    "native-fp8": OWNS_ITS_PADDING,
+    "ct-mxfp4": PartitionRule(
         "mxfp4_round_up_hidden_size_and_intermediate_size for its kernel",
         accepts=_ct_mxfp4_accepts,
     ),
-    "CompressedTensorsW4A4Nvfp4MoEMethod": PartitionRule(
-        "swizzle_blockscale row tiles on CUTLASS-family kernels",
-        accepts=_nvfp4_accepts,
+    "ct-fp8-block": PartitionRule(
+        "pad_tp_shard_to_weight_blocks",
+        accepts=_fp8_block_accepts,
+        adopt=_fp8_block_adopt,
     ),
-    "ModelOptNvFp4FusedMoE": PartitionRule(
-        "swizzle_blockscale row tiles on CUTLASS-family kernels",
-        accepts=_nvfp4_accepts,
-    ),
-    "CompressedTensorsWNA16MoEMethod": PartitionRule(
+    "ct-nvfp4": NVFP4_RULE,
+    "modelopt-nvfp4": NVFP4_RULE,
+    "ct-wna16": PartitionRule(
         "group_size divisibility and check_moe_marlin_supports_config",
         accepts=_wna16_accepts,
     ),
 }
-FP8_BLOCK_RULE = PartitionRule(
-    "pad_tp_shard_to_weight_blocks", accepts=_fp8_block_accepts, adopt=_fp8_block_adopt
-)
 
 
 def rule_for(method: Any) -> PartitionRule | None:
     """The rule for ``method``, or None when the plugin knows nothing of it."""
-    for cls in type(method).__mro__:
-        if cls.__name__ == "CompressedTensorsW8A8Fp8MoEMethod":
-            # Only the block strategy constrains the partition; channel- and
-            # tensor-wise FP8 are left to vLLM alone's size.
-            return FP8_BLOCK_RULE if method.block_quant else None
-        rule = RULES.get(cls.__name__)
-        if rule is not None:
-            return rule
-    return None
+    kind = method_kind(method)
+    return None if kind is None else RULES.get(kind)
 
 
 BACKEND_ATTRIBUTES = (

@@ -58,6 +58,7 @@ from torch import nn
 
 from vllm_kimi_k3_moe import expert_tensor_layouts as layouts
 from vllm_kimi_k3_moe.expert_tensor_layouts import ExpertTensorLayout
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.method_kinds import method_kind
 from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
     checkpoint_key_of,
 )
@@ -239,33 +240,29 @@ def expert_layouts(method: Any) -> tuple[str, dict[str, ExpertTensorLayout]] | N
     """The checkpoint format of ``method``'s experts and, per expert parameter
     suffix (``w13_<suffix>``), the layout of the checkpoint tensors it loads;
     None for a method whose checkpoint layout the plugin does not know."""
-    for cls in type(method).__mro__:
-        name = cls.__name__
-        if name == "Mxfp4MoEMethod":
-            # Native MXFP4 names its packed parameter w13_weight; the loader
-            # renames the checkpoint's weight_packed to it.
-            packed, scale = layouts.mxfp4()
-            return "MXFP4", {"weight": packed, "weight_scale": scale}
-        if name == "CompressedTensorsW4A4Mxfp4MoEMethod":
-            return "MXFP4", _by_suffix(layouts.mxfp4())
-        if name == "CompressedTensorsW8A8Fp8MoEMethod":
-            if not method.block_quant:
-                return None
-            block_out, block_in = method.weight_block_size
-            return "FP8 block", _by_suffix(layouts.fp8_block(block_out, block_in))
-        if name == "CompressedTensorsW4A4Nvfp4MoEMethod":
-            return "NVFP4", _by_suffix(layouts.nvfp4("weight_packed"))
-        if name == "ModelOptNvFp4FusedMoE":
-            return "ModelOpt NVFP4", _by_suffix(layouts.nvfp4("weight"))
-        if name == "CompressedTensorsWNA16MoEMethod":
-            if method.group_size <= 0:
-                return None
-            return "INT4 W4A16", _by_suffix(
-                layouts.int_packed(method.num_bits, method.group_size)
-            )
-        if name == "UnquantizedFusedMoEMethod":
-            return "BF16", _by_suffix(layouts.unquantized())
-    return None
+    kind = method_kind(method)
+    if kind == "native-mxfp4":
+        # Native MXFP4 names its packed parameter w13_weight; the loader
+        # renames the checkpoint's weight_packed to it.
+        packed, scale = layouts.mxfp4()
+        return "MXFP4", {"weight": packed, "weight_scale": scale}
+    if kind == "ct-mxfp4":
+        return "MXFP4", _by_suffix(layouts.mxfp4())
+    if kind == "ct-fp8-block":
+        block_out, block_in = method.weight_block_size
+        return "FP8 block", _by_suffix(layouts.fp8_block(block_out, block_in))
+    if kind == "ct-nvfp4":
+        return "NVFP4", _by_suffix(layouts.nvfp4("weight_packed"))
+    if kind == "modelopt-nvfp4":
+        return "ModelOpt NVFP4", _by_suffix(layouts.nvfp4("weight"))
+    if kind == "ct-wna16":
+        bits = method.num_bits
+        return f"INT{bits} W{bits}A16", _by_suffix(
+            layouts.int_packed(bits, method.group_size)
+        )
+    if kind == "bf16":
+        return "BF16", _by_suffix(layouts.unquantized())
+    return None  # native FP8 and unknown methods: layout not known here
 
 
 def _by_suffix(

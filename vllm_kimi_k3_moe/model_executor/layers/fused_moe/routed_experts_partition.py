@@ -113,7 +113,7 @@ def choose_partition(
             if rule.adopt is not None and allocated == smallest:
                 # e.g. FP8 blocks: at TP16 the 256 equals vLLM alone's, but
                 # only block-aligned loading puts the right scales in it
-                rule.adopt(method, allocated)
+                rule.adopt(method)
             reason = f"smallest partition accepted ({rule.name})"
     return PartitionChoice(
         method=type(method).__name__,
