@@ -67,7 +67,7 @@ def test_each_gpus_share(parallelism, experts, intermediate) -> None:
         (Deployment(7), ["3072", "7 GPUs (TP 7 x DP 1)"]),
         (Deployment(6, expert_parallel=True), ["896", "6 expert-parallel GPUs"]),
         (Deployment(32, backend="auto"), ["resolved by vLLM"]),
-        (Deployment(32, quantization="nvfp4"), ["'nvfp4'"]),
+        (Deployment(32, quantization="fp4"), ["'fp4'"]),
     ],
 )
 def test_what_cannot_be_sized_is_refused(deployment, words) -> None:

@@ -1,10 +1,11 @@
 """``vllm-kimi-k3-moe``: the plugin's command line.
 
-``plan`` answers, before any GPU is involved, how much memory Kimi-K3's MoE
-layers take per GPU for a deployment, as vLLM 0.33.0 allocates them and as it
-does with this plugin installed. ``check`` verifies, from a checkpoint's
-``config.json`` and shard headers, that every routed-expert tensor will land on
-every rank, before a deployment spends its GPUs finding out. ``--version``
+``plan`` answers, before any GPU is involved, whether Kimi-K3 in a given
+format fits a deployment's GPUs and how much KV cache is then left, as vLLM
+0.33.0 allocates it and as it does with this plugin installed. ``check``
+verifies, from a checkpoint's ``config.json`` and shard headers, that every
+routed-expert tensor will land on every rank, before a deployment spends its
+GPUs finding out. ``--version``
 says what is installed and what is supported, for bug reports.
 
 Each subcommand is one ``add_*_command`` function that adds its parser and
@@ -19,22 +20,32 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from vllm_kimi_k3_moe.deployment import (
     BACKENDS,
-    COMPRESSED_TENSORS_MXFP4_BACKENDS,
-    NVIDIA_MXFP4_BACKENDS,
+    DEFAULT_MAX_MODEL_LEN,
+    KV_CACHE_DTYPES,
+    QUANTIZATION_PATHS,
     Deployment,
     DeploymentError,
     Parallelism,
+    Serving,
     validate,
+    validate_serving,
+)
+from vllm_kimi_k3_moe.gpu_budget import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_RESERVE_GIB,
+    BudgetError,
+    GpuBudget,
 )
 from vllm_kimi_k3_moe.kimi_k3_text_config import (
-    KIMI_K3_MOE_TEXT_CONFIG,
+    KIMI_K3_TEXT_CONFIG,
     ConfigFileError,
-    read_text_config,
+    read_language_model_config,
 )
 
 if TYPE_CHECKING:
@@ -115,32 +126,52 @@ def _send_vllm_logs_to_stderr() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+def _fraction(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def _backends_by_format() -> str:
+    return "; ".join(
+        f"{quantization}: {', '.join(backends)}"
+        for quantization, backends in BACKENDS.items()
+    )
+
+
 def add_plan_command(commands: Subcommands) -> None:
     plan = commands.add_parser(
         "plan",
-        help="per-GPU memory of Kimi-K3's MoE layers for a deployment",
+        help="does Kimi-K3 fit a deployment's GPUs, and how much KV cache is left",
         description=(
-            "Build vLLM 0.33.0's real Kimi-K3 MoE layer for rank 0 of each "
-            "deployment on the meta device (no GPU, no weights), as upstream "
-            "vLLM builds it and with this plugin, and report what it allocates "
-            "per GPU. Without options: TP8, TP16 and TP32, no expert "
-            "parallelism, native MXFP4 on Marlin, the embedded Kimi-K3 config."
+            "Build vLLM 0.33.0's whole Kimi-K3 language model (embeddings, 24 MLA "
+            "and 69 KDA attention layers, the dense layer, 92 MoE layers, "
+            "lm_head) for rank 0 of each deployment on the meta device (no GPU, "
+            "no weights), as upstream vLLM builds it and with this plugin, and "
+            "report what it allocates per GPU: the MoE layers and the whole "
+            "model. With --gpu-memory-gib, also whether it fits and how much KV "
+            "cache vLLM would allocate next to it, from the KV-cache specs of "
+            "the built layers. Without options: TP8, TP16 and TP32, no expert "
+            "parallelism, the released MXFP4 format on Marlin, Kimi-K3's "
+            "published text config."
         ),
         epilog=(
-            f"MXFP4 backends (vLLM's Mxfp4MoeBackend names): "
-            f"{', '.join(NVIDIA_MXFP4_BACKENDS)}. On the compressed-tensors path: "
-            f"{', '.join(COMPRESSED_TENSORS_MXFP4_BACKENDS)}. Exit status: 0 "
-            "printed, 2 unusable input."
+            f"MoE backends per format (--moe-backend): {_backends_by_format()}. "
+            "The MXFP4 formats take vLLM's Mxfp4MoeBackend names, the others "
+            "vLLM's --moe-backend names. Exit status: 0 printed, 2 unusable "
+            "input."
         ),
     )
     plan.add_argument(
         "--config",
         type=Path,
         metavar="PATH",
-        help="a Hugging Face config.json (the language model may be nested "
-        "under text_config); default: the embedded Kimi-K3 text config "
-        "(hidden 7168, latent 3584, moe_intermediate_size 3072, 896 experts, "
-        "top-16, 2 shared, 92 of 93 layers MoE)",
+        help="a Hugging Face config.json with Kimi-K3's whole text config "
+        "(may be nested under text_config; MoE and attention fields both "
+        "needed); default: Kimi-K3's published text_config (hidden 7168, "
+        "93 layers: 24 MLA + 69 KDA, 92 MoE with 896 experts of 3072, "
+        "latent 3584, vocab 163840)",
     )
     plan.add_argument(
         "--tp",
@@ -153,25 +184,60 @@ def add_plan_command(commands: Subcommands) -> None:
     )
     _add_dp_and_ep(plan)
     plan.add_argument(
+        "--quantization",
+        choices=QUANTIZATION_PATHS,
+        default="mxfp4",
+        help="the checkpoint's format, with the quantization config of its "
+        "published checkpoint: mxfp4 (the release, compressed-tensors "
+        "mxfp4-pack-quantized, which vLLM serves as native MXFP4), "
+        "compressed-tensors (other compressed-tensors MXFP4), fp8-block, "
+        "nvfp4 (compressed-tensors), modelopt-nvfp4, w4a16 (INT4), bf16; "
+        "default: mxfp4",
+    )
+    plan.add_argument(
         "--moe-backend",
         default="marlin",
         metavar="NAME",
-        help="the MXFP4 MoE kernel vLLM runs (default: marlin; see below). "
-        "'auto' is refused: vLLM resolves it from the GPU it starts on",
-    )
-    plan.add_argument(
-        "--quantization",
-        choices=tuple(BACKENDS),
-        default="mxfp4",
-        help="MXFP4 path: mxfp4 (native; the released mxfp4-pack-quantized "
-        "checkpoint is rewritten to it) or compressed-tensors (other "
-        "compressed-tensors MXFP4 formats); default: mxfp4",
+        help="the MoE kernel vLLM runs (default: marlin; the format's choices "
+        "are below). 'auto' is refused: vLLM resolves it from the GPU it "
+        "starts on",
     )
     plan.add_argument(
         "--gpu-memory-gib",
         type=_positive_float,
         metavar="N",
-        help="also say whether the MoE-layer weights fit in N GiB per GPU",
+        help="memory of one GPU in GiB (80 for H100, 96 for H20, 141 for "
+        "H200): adds whether Kimi-K3 fits and the KV cache left per GPU",
+    )
+    plan.add_argument(
+        "--gpu-memory-utilization",
+        type=_fraction,
+        default=DEFAULT_GPU_MEMORY_UTILIZATION,
+        metavar="U",
+        help="the share of each GPU vLLM takes, in (0, 1] (default: "
+        f"{DEFAULT_GPU_MEMORY_UTILIZATION:g}, vLLM 0.33.0's)",
+    )
+    plan.add_argument(
+        "--reserve-gib",
+        type=_fraction,
+        default=DEFAULT_RESERVE_GIB,
+        metavar="N",
+        help="GiB per GPU kept for activations, CUDA graphs and communication "
+        f"workspaces (default: {DEFAULT_RESERVE_GIB:g}, an estimate: vLLM "
+        "measures them at start-up; use the figure its log gives)",
+    )
+    plan.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="vLLM's --kv-cache-dtype: auto (bfloat16) or fp8 (default: auto)",
+    )
+    plan.add_argument(
+        "--max-model-len",
+        type=_positive_int,
+        default=DEFAULT_MAX_MODEL_LEN,
+        metavar="N",
+        help=f"vLLM's --max-model-len, in tokens (default: {DEFAULT_MAX_MODEL_LEN})",
     )
     plan.add_argument(
         "--json", action="store_true", help="print JSON instead of the table"
@@ -179,14 +245,24 @@ def add_plan_command(commands: Subcommands) -> None:
     plan.set_defaults(run=run_plan)
 
 
-def _plan_input(args: argparse.Namespace) -> tuple[dict[str, Any], list[Deployment]]:
-    """The text config and the validated deployments: every input error ends
-    the command here, before vLLM's import (the slow part)."""
+@dataclass(frozen=True)
+class PlanInput:
+    """What ``plan`` was asked, validated."""
+
+    text_config: dict[str, Any]
+    deployments: list[Deployment]
+    serving: Serving
+    budget: GpuBudget | None
+
+
+def _plan_input(args: argparse.Namespace) -> PlanInput:
+    """The text config, deployments, serving settings and GPU budget: every
+    input error ends the command here, before vLLM's import (the slow part)."""
     try:
         text_config = (
-            KIMI_K3_MOE_TEXT_CONFIG
+            KIMI_K3_TEXT_CONFIG
             if args.config is None
-            else read_text_config(args.config)
+            else read_language_model_config(args.config)
         )
         deployments = [
             Deployment(
@@ -200,33 +276,45 @@ def _plan_input(args: argparse.Namespace) -> tuple[dict[str, Any], list[Deployme
         ]
         for deployment in deployments:
             validate(text_config, deployment)
-    except (ConfigFileError, DeploymentError) as error:
+        serving = Serving(args.kv_cache_dtype, args.max_model_len)
+        validate_serving(serving)
+        # without a GPU size there is nothing to fit: no budget
+        budget = (
+            None
+            if args.gpu_memory_gib is None
+            else GpuBudget(
+                args.gpu_memory_gib, args.gpu_memory_utilization, args.reserve_gib
+            )
+        )
+    except (ConfigFileError, DeploymentError, BudgetError) as error:
         _fail("plan", str(error))
-    return text_config, deployments
+    return PlanInput(text_config, deployments, serving, budget)
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    text_config, deployments = _plan_input(args)
+    asked = _plan_input(args)
     _send_vllm_logs_to_stderr()
-    from vllm_kimi_k3_moe.plan import PlanError, plan
+    from vllm_kimi_k3_moe.plan import PlanError, plan_deployment
     from vllm_kimi_k3_moe.plan_report import as_json, table
 
     plans = []
+    count = len(asked.deployments)
     try:
-        for index, deployment in enumerate(deployments, 1):
-            if len(deployments) > 1 or index == 1:
-                print(
-                    f"[{index}/{len(deployments)}] building {deployment.label()} "
-                    "(upstream and fixed)"
-                    + (", importing vLLM first" if index == 1 else ""),
-                    file=sys.stderr,
-                    flush=True,
+        for index, deployment in enumerate(asked.deployments, 1):
+            print(
+                f"[{index}/{count}] building {deployment.label()} (upstream and "
+                "fixed)" + (", importing vLLM first" if index == 1 else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+            plans.append(
+                plan_deployment(
+                    asked.text_config, deployment, asked.serving, asked.budget
                 )
-            plans.append(plan(text_config, deployment))
+            )
     except (DeploymentError, PlanError) as error:
         _fail("plan", str(error))
-    render = as_json if args.json else table
-    print(render(plans, args.gpu_memory_gib))
+    print(as_json(plans) if args.json else table(plans))
     return 0
 
 

@@ -1,13 +1,15 @@
-"""Stand-ins for what a CPU box lacks when vLLM builds the whole Kimi-K3 model.
+"""Stand-ins for what a CPU box lacks when vLLM builds Kimi-K3's layers.
 
 Building vLLM 0.33.0's ``KimiLinearForCausalLM`` on the ``meta`` device (real
 shapes, no memory) touches the GPU in a few places that allocate no
 parameter: CUDA streams and events (created for overlapping work), the MLA
 attention kernel objects (chosen for, and sized to, the GPU the model runs
-on), and the GPU's compute-unit count. Each stand-in below replaces one of
-those for the duration of a ``with`` block and holds no parameters, so every
-parameter the model allocates is vLLM's own; everything it replaces is
-restored on exit. The parallel groups are ``simulated_rank``'s.
+on), the GPU's compute-unit count, and the device checks by which vLLM picks
+an MoE kernel. Each stand-in below replaces one of those for the duration of
+a ``with`` block and holds no parameters, so every parameter the model
+allocates is vLLM's own; everything it replaces is restored on exit. The
+parallel groups are ``simulated_rank``'s. The planner and the test suite
+share these (the suite keeps only stand-ins for parts it replaces whole).
 
 ``current_platform.num_compute_units()`` (which a CPU platform does not
 implement) needs no stand-in: only the MLA kernel objects ask for it, and
@@ -16,6 +18,9 @@ they are stood in for here.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import pkgutil
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -56,40 +61,213 @@ class MlaKernelStandIn:
         pass
 
 
-class MlaBackendStandIn:
-    """The attention backend ``get_attn_backend`` returns for Kimi-K3's MLA
-    layers on a CPU: its ``impl`` is a ``MlaKernelStandIn``. Holds no
-    parameters."""
+@functools.cache
+def mla_backend_stand_in() -> type:
+    """vLLM's FlashMLA attention backend with ``MlaKernelStandIn`` as its
+    ``impl``: what the backend says about the KV cache (kernel block sizes,
+    the cache layout, how it customises the MLA spec) is vLLM's own, so the
+    KV-cache specs are what a server computes; its kernels are not built.
+    FlashMLA runs Kimi-K3's MLA on Hopper and Blackwell; FlashInfer MLA
+    (Blackwell's first choice) gives the same block size, as every NVIDIA
+    MLA backend's alignment is rounded up to 128 for a hybrid model. The
+    FlashAttention MLA backend (Hopper's first choice) does not import on a
+    CPU. Holds no parameters."""
+    from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend
 
-    @staticmethod
-    def get_name() -> str:
-        return "MLA_STAND_IN"
+    class MlaBackendStandIn(FlashMLABackend):
+        @staticmethod
+        def get_impl_cls() -> type:
+            return MlaKernelStandIn
 
-    @staticmethod
-    def get_impl_cls() -> type:
-        return MlaKernelStandIn
+    return MlaBackendStandIn
 
 
 @contextmanager
 def mla_attention_kernels() -> Iterator[None]:
-    """Kimi-K3's ``MultiHeadLatentAttention`` gets ``MlaBackendStandIn`` from
-    ``get_attn_backend`` and ``MlaKernelStandIn`` as its prefill backend,
-    looked up in vLLM's Kimi-K3 ``mla`` module only: the layer's projections
-    and norms (its parameters) are vLLM's own. Holds no parameters."""
+    """Kimi-K3's ``MultiHeadLatentAttention`` gets ``mla_backend_stand_in()``
+    from ``get_attn_backend`` and ``MlaKernelStandIn`` as its prefill
+    backend, looked up in vLLM's Kimi-K3 ``mla`` module only: the layer's
+    projections and norms (its parameters) are vLLM's own. Holds no
+    parameters."""
     from vllm.models.kimi_k3.nvidia import mla
 
+    backend = mla_backend_stand_in()
     with replaced_attributes(
         mla,
-        get_attn_backend=lambda *args, **kwargs: MlaBackendStandIn,
+        get_attn_backend=lambda *args, **kwargs: backend,
         get_mla_prefill_backend=lambda vllm_config: MlaKernelStandIn,
     ):
         yield
 
 
+# What vLLM's KDA layer resolves its prefill kernel to on the GPUs Kimi-K3
+# runs on: ``resolve_kda_prefill_backend("auto", ...)`` picks FlashKDA on CUDA
+# compute capability 9.x, 10.x and 12.x (H20, H200, B200, ...).
+GPU_KDA_PREFILL_BACKEND = "flashkda"
+
+
+def kda_prefill_kernel_of_the_gpu(vllm_config: Any) -> None:
+    """Set each built KDA layer's ``kda_prefill_backend`` to what a GPU
+    resolves (``GPU_KDA_PREFILL_BACKEND``): a CPU box resolves Triton, and
+    the kernel decides how many state blocks a sequence holds in the KV
+    cache (FlashKDA keeps a prefill checkpoint block). Building the layer
+    with FlashKDA is not possible here: it imports the kernel's CUDA
+    library. Holds no parameters; changes no parameter."""
+    for layer in vllm_config.compilation_config.static_forward_context.values():
+        if hasattr(layer, "kda_prefill_backend"):
+            layer.kda_prefill_backend = GPU_KDA_PREFILL_BACKEND
+
+
+class LinearKernelRegistryPlatform:
+    """vLLM's current platform as its linear-kernel registry
+    (``vllm.model_executor.kernels.linear``) sees it: the CUDA platform, so
+    the registry lists the CUDA kernels for FP8-block and NVFP4 linear
+    layers (on a CPU box it lists none, and the layer cannot be built).
+    Everything else is the real platform's answer. Holds no parameters."""
+
+    def __init__(self, platform: Any) -> None:
+        self._platform = platform
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._platform, name)
+
+    @property
+    def _enum(self) -> Any:
+        from vllm.platforms import PlatformEnum
+
+        return PlatformEnum.CUDA
+
+
+def _supported(cls: type, compute_capability: Any = None) -> tuple[bool, None]:
+    return True, None
+
+
+@contextmanager
+def linear_kernels_on_their_gpu() -> Iterator[None]:
+    """Let vLLM pick the kernel of a quantized linear layer (FP8 block,
+    NVFP4) as on the GPU it runs on: the registry lists the CUDA kernels and
+    each one's device check (``is_supported``) answers yes; what a kernel
+    accepts of the layer (``can_implement``) and the priority order are
+    vLLM's. The layer's weights are allocated by its quantization scheme
+    before any kernel exists, the same whichever is picked; a kernel object
+    holds no parameters."""
+    from vllm.model_executor.kernels import linear
+    from vllm.platforms import PlatformEnum, current_platform
+
+    kernels = {
+        kernel
+        for table in (
+            linear._POSSIBLE_FP8_BLOCK_KERNELS,
+            linear._POSSIBLE_NVFP4_KERNELS,
+        )
+        for kernel in table.get(PlatformEnum.CUDA, [])
+    }
+    with ExitStack() as stack:
+        stack.enter_context(
+            replaced_attributes(
+                linear, current_platform=LinearKernelRegistryPlatform(current_platform)
+            )
+        )
+        for kernel in kernels:
+            stack.enter_context(
+                replaced_attributes(kernel, is_supported=classmethod(_supported))
+            )
+        yield
+
+
 @contextmanager
 def whole_model_on_cpu() -> Iterator[None]:
-    """Every stand-in above, entered together."""
+    """The stand-ins the whole language model needs, entered together."""
     with ExitStack() as stack:
         stack.enter_context(cuda_streams_and_events())
         stack.enter_context(mla_attention_kernels())
+        stack.enter_context(linear_kernels_on_their_gpu())
+        yield
+
+
+@functools.cache
+def _import_moe_kernel_modules() -> None:
+    """Import every module vLLM's MoE kernels live in: fused_moe/experts/ and
+    a few fused_moe/*.py, which vLLM's backend oracles import lazily."""
+    from vllm.model_executor.layers import fused_moe
+    from vllm.model_executor.layers.fused_moe import experts
+
+    for package in (fused_moe, experts):
+        for module in pkgutil.iter_modules(package.__path__):
+            try:
+                importlib.import_module(f"{package.__name__}.{module.name}")
+            except Exception:
+                continue  # it fails the same way when an oracle imports it
+
+
+def _moe_kernel_classes() -> set[type]:
+    """Every fused-MoE kernel class vLLM ships."""
+    from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEExperts
+
+    _import_moe_kernel_modules()
+    found: set[type] = set()
+    todo = [FusedMoEExperts]
+    while todo:
+        for subclass in todo.pop().__subclasses__():
+            if subclass not in found:
+                found.add(subclass)
+                todo.append(subclass)
+    return found
+
+
+class CudaPlatformStandIn:
+    """vLLM's current platform, answering as the NVIDIA GPU it would run on
+    where the unquantized MoE oracle lists its backends by platform: on a CPU
+    box the platform is not CUDA and the oracle would list none of them.
+    Everything else is the real platform's answer. Holds no parameters."""
+
+    def __init__(self, platform: Any) -> None:
+        self._platform = platform
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._platform, name)
+
+    def is_cuda(self) -> bool:
+        return True
+
+    def is_rocm(self) -> bool:
+        return False
+
+    def is_device_capability_family(self, *args: Any, **kwargs: Any) -> bool:
+        return False
+
+
+def _yes() -> bool:
+    return True
+
+
+@contextmanager
+def moe_kernels_on_their_gpu() -> Iterator[None]:
+    """Let vLLM's own backend selection pick any MoE kernel (``--moe-backend
+    NAME``) as it would on a GPU that runs it, though a CPU box has none:
+    every kernel's device check (``_supports_current_device``) answers yes,
+    the platform reports FP8 support (Triton's FP8 schemes depend on it), and
+    the unquantized oracle lists the CUDA backends. What each kernel accepts
+    of the layer (its activation, quantization scheme, shapes) is still
+    vLLM's own answer. Holds no parameters."""
+    from vllm.model_executor.layers.fused_moe.oracle import unquantized
+    from vllm.platforms import current_platform
+
+    with ExitStack() as stack:
+        # hasattr: some kernels inherit the check from a base that is not a
+        # FusedMoEExperts (the TRT-LLM ones); replaced_attributes deletes it
+        # again on exit, so they inherit it again.
+        for kernel in _moe_kernel_classes():
+            if hasattr(kernel, "_supports_current_device"):
+                stack.enter_context(
+                    replaced_attributes(
+                        kernel, _supports_current_device=staticmethod(_yes)
+                    )
+                )
+        stack.enter_context(replaced_attributes(current_platform, supports_fp8=_yes))
+        stack.enter_context(
+            replaced_attributes(
+                unquantized, current_platform=CudaPlatformStandIn(current_platform)
+            )
+        )
         yield

@@ -14,9 +14,19 @@ from typing import Any, Literal
 
 from vllm_kimi_k3_moe.expert_tensor_layouts import MXFP4_BLOCK
 
-# vLLM's two MXFP4 MoE paths: native MXFP4 (the released mxfp4-pack-quantized
-# checkpoint, rewritten by vLLM) and the compressed-tensors MXFP4 method.
-QUANTIZATION_PATHS = ("mxfp4", "compressed-tensors")
+# The formats Kimi-K3 is published in, as ``plan --quantization`` names them:
+# vLLM's two MXFP4 MoE paths, native MXFP4 (the released mxfp4-pack-quantized
+# checkpoint, rewritten by vLLM) and the compressed-tensors MXFP4 method, then
+# the other published formats (``published_formats`` holds their configs).
+MXFP4_PATHS = ("mxfp4", "compressed-tensors")
+QUANTIZATION_PATHS = (
+    *MXFP4_PATHS,
+    "fp8-block",
+    "nvfp4",
+    "modelopt-nvfp4",
+    "w4a16",
+    "bf16",
+)
 # vLLM's Mxfp4MoeBackend members that run on NVIDIA GPUs (ROCm, XPU and CPU
 # kernels left out), as the planner names them.
 NVIDIA_MXFP4_BACKENDS = (
@@ -30,20 +40,25 @@ NVIDIA_MXFP4_BACKENDS = (
     "flashinfer_cutlass_mxfp4_bf16",
     "flashinfer_moe_ep_cutedsl",
     "flashinfer_moe_ep_deep_gemm",
-    "b12x_mxfp4_mxfp8",
     "b12x_mxfp4_bf16",
+    "b12x_mxfp4_mxfp8",
     "humming",
     "triton",
 )
 # What vLLM's compressed-tensors MXFP4 MoE method picks by device on NVIDIA.
 COMPRESSED_TENSORS_MXFP4_BACKENDS = ("marlin", "cutlass_mxfp4_mxfp4")
-BACKENDS = dict(
-    zip(
-        QUANTIZATION_PATHS,
-        (NVIDIA_MXFP4_BACKENDS, COMPRESSED_TENSORS_MXFP4_BACKENDS),
-        strict=True,
-    )
-)
+# The other formats take vLLM's own ``--moe-backend`` names: those of NVIDIA
+# kernels vLLM 0.33.0 selects for the format's MoE method when the kernel's
+# device check passes (the suite checks each list against vLLM's selection).
+BACKENDS: dict[str, tuple[str, ...]] = {
+    "mxfp4": NVIDIA_MXFP4_BACKENDS,
+    "compressed-tensors": COMPRESSED_TENSORS_MXFP4_BACKENDS,
+    "fp8-block": ("marlin", "triton", "humming"),
+    "nvfp4": ("marlin", "cutlass", "flashinfer_cutedsl", "humming"),
+    "modelopt-nvfp4": ("marlin", "cutlass", "flashinfer_cutedsl", "humming"),
+    "w4a16": ("marlin", "humming"),
+    "bf16": ("marlin", "triton", "batched_triton", "humming"),
+}
 
 # How a topology is named, by where the name appears (see Parallelism.label).
 LabelStyle = Literal["short", "subject", "product", "sentence"]
@@ -123,6 +138,7 @@ def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
         )
     validate_backend(deployment.quantization, deployment.backend)
     validate_parallelism(text_config, deployment)
+    validate_attention_split(text_config, deployment.tp_size)
 
 
 def validate_backend(quantization: str, backend: str) -> None:
@@ -168,3 +184,50 @@ def validate_parallelism(text_config: dict[str, Any], parallelism: Parallelism) 
             "values; without expert parallelism vLLM shards every expert over "
             "all of them"
         )
+
+
+# vLLM's --kv-cache-dtype values the planner sizes: the model's dtype (bf16)
+# or FP8 (one byte per element of the MLA latent cache).
+KV_CACHE_DTYPES = ("auto", "fp8")
+# Without --max-model-len: the context length plan assumes (Kimi-K3's
+# published text_config leaves it to max_position_embeddings, which vLLM
+# takes as the default when set).
+DEFAULT_MAX_MODEL_LEN = 131072
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How ``vllm serve`` is asked to hold the KV cache."""
+
+    kv_cache_dtype: str = "auto"
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+
+
+def validate_serving(serving: Serving) -> None:
+    if serving.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise DeploymentError(
+            f"unknown --kv-cache-dtype {serving.kv_cache_dtype!r}; "
+            f"choose one of {', '.join(KV_CACHE_DTYPES)}"
+        )
+    if serving.max_model_len < 1:
+        raise DeploymentError(
+            f"--max-model-len must be a positive number of tokens, got "
+            f"{serving.max_model_len}"
+        )
+
+
+def validate_attention_split(text_config: dict[str, Any], tp_size: int) -> None:
+    """Refuse a tensor-parallel size that does not divide the MLA or the KDA
+    heads: vLLM gives every rank the same number of whole heads."""
+    heads = {
+        "num_attention_heads": text_config.get("num_attention_heads"),
+        "linear_attn_config.num_heads": (
+            text_config.get("linear_attn_config") or {}
+        ).get("num_heads"),
+    }
+    for name, count in heads.items():
+        if isinstance(count, int) and count % tp_size:
+            raise DeploymentError(
+                f"{name} {count} does not split evenly over tensor-parallel "
+                f"size {tp_size}; vLLM gives every rank the same whole heads"
+            )

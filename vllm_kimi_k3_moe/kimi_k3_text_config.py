@@ -1,9 +1,11 @@
-"""Kimi-K3's MoE text config: the embedded default and reading a ``config.json``.
+"""Kimi-K3's text config: the embedded default and reading a ``config.json``.
 
 Kimi-K3's Hugging Face ``config.json`` nests the language model under
-``text_config``. The embedded values are the public Kimi-K3 MoE dimensions
-(vLLM 0.33.0's Kimi-K3 support builds its layers from the same fields); only
-the fields that shape a MoE layer are kept.
+``text_config``. The embedded values are Kimi-K3's published ``text_config``
+(vLLM 0.33.0's Kimi-K3 support builds its layers from the same fields), in
+two parts: what shapes a MoE layer (all ``check`` and the MoE-layer planner
+read) and the rest of the language model (attention, embeddings, the dense
+layer), which ``plan`` needs to build the whole model.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ KIMI_K3_MOE_TEXT_CONFIG: dict[str, Any] = {
     "topk_group": 1,
     "moe_router_activation_func": "sigmoid",
     "routed_scaling_factor": 1.0,
+    "latent_moe_use_norm": True,  # an RMSNorm on the latent expert input
+    "rms_norm_eps": 1e-5,
 }
 
 # The rest of Kimi-K3's published text config, for building the whole language
 # model (``whole_model``): attention, embeddings, the dense layer. The MoE
-# planner does not read these.
+# layer does not read these.
 KIMI_K3_FULL_ATTENTION_LAYERS = [*range(4, 93, 4), 93]  # 1-based: 24 MLA layers
 KIMI_K3_ATTENTION_CONFIG: dict[str, Any] = {
     "vocab_size": 163840,
@@ -62,9 +66,13 @@ KIMI_K3_ATTENTION_CONFIG: dict[str, Any] = {
         ],
     },
     "attn_res_block_size": 12,
-    "rms_norm_eps": 1e-5,
     "tie_word_embeddings": False,
     "num_nextn_predict_layers": 0,
+}
+# Kimi-K3's published text_config: what ``plan`` builds without --config.
+KIMI_K3_TEXT_CONFIG: dict[str, Any] = {
+    **KIMI_K3_MOE_TEXT_CONFIG,
+    **KIMI_K3_ATTENTION_CONFIG,
 }
 
 # Without these a config does not describe a MoE model the planner can size;
@@ -76,6 +84,19 @@ REQUIRED_FIELDS = (
     "num_experts_per_token",
     "num_hidden_layers",
 )
+# Without these a config does not describe Kimi-K3's attention (MLA and KDA)
+# and embeddings, and ``plan`` cannot build the whole language model.
+ATTENTION_INTEGER_FIELDS = (
+    "vocab_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
+ATTENTION_FIELDS = (*ATTENTION_INTEGER_FIELDS, "linear_attn_config")
+LINEAR_ATTENTION_FIELDS = ("num_heads", "head_dim", "kda_layers", "full_attn_layers")
 # Read from a config.json when set, beyond the embedded fields.
 OPTIONAL_FIELDS = ("num_nextn_predict_layers",)  # MTP draft layers, after the main ones
 # Integer fields and their smallest valid value, checked when set.
@@ -86,6 +107,7 @@ INTEGER_FIELDS = {
     "first_k_dense_replace": 0,
     "moe_layer_freq": 1,
     "num_nextn_predict_layers": 0,
+    **dict.fromkeys(ATTENTION_INTEGER_FIELDS, 1),
 }
 
 
@@ -171,3 +193,33 @@ def text_config_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:
 def read_text_config(path: Path) -> dict[str, Any]:
     """The MoE fields of the text config in a Hugging Face ``config.json``."""
     return text_config_fields(read_config_document(path), path)
+
+
+def language_model_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The whole text config of a config document's language model, every
+    field as the file has it, after checking that the MoE fields are valid and
+    the attention and embedding fields (``ATTENTION_FIELDS``) are there."""
+    text_config_fields(document, path)  # the MoE fields, validated
+    text_config = document.get("text_config", document)
+    where = "text_config" if "text_config" in document else "the top level"
+    missing = [name for name in ATTENTION_FIELDS if text_config.get(name) is None]
+    if missing:
+        raise ConfigFileError(
+            f"config file {path} lacks {', '.join(missing)} in {where}: plan "
+            "needs Kimi-K3's attention fields to build the whole language model"
+        )
+    linear = text_config["linear_attn_config"]
+    if not isinstance(linear, dict) or any(
+        linear.get(name) is None for name in LINEAR_ATTENTION_FIELDS
+    ):
+        raise ConfigFileError(
+            f"config file {path}: linear_attn_config must be an object with "
+            f"{', '.join(LINEAR_ATTENTION_FIELDS)}"
+        )
+    return dict(text_config)
+
+
+def read_language_model_config(path: Path) -> dict[str, Any]:
+    """The whole text config in a Hugging Face ``config.json`` (what ``plan``
+    builds the language model from)."""
+    return language_model_fields(read_config_document(path), path)

@@ -1,13 +1,23 @@
-"""Render ``MoeMemoryPlan`` results: the plain-text table and the JSON document."""
+"""Render ``DeploymentPlan`` results: the plain-text table and the JSON document."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 
-from vllm_kimi_k3_moe.plan import MoeMemoryPlan
+from vllm_kimi_k3_moe.plan import DeploymentPlan
 
 GB = 10**9
+
+QUANTIZATION_NAMES = {
+    "mxfp4": "native MXFP4 (the release)",
+    "compressed-tensors": "compressed-tensors MXFP4",
+    "fp8-block": "compressed-tensors FP8 block [128,128]",
+    "nvfp4": "compressed-tensors NVFP4",
+    "modelopt-nvfp4": "ModelOpt NVFP4",
+    "w4a16": "compressed-tensors INT4 W4A16",
+    "bf16": "BF16",
+}
 
 
 def _gb(num_bytes: int) -> str:
@@ -16,12 +26,6 @@ def _gb(num_bytes: int) -> str:
 
 def _gb_per_layer(num_bytes: int) -> str:
     return f"{num_bytes / GB:.3f}"
-
-
-QUANTIZATION_NAMES = {
-    "mxfp4": "native MXFP4",
-    "compressed-tensors": "compressed-tensors MXFP4",
-}
 
 
 def _render(groups: list[tuple[str, list[str]]], rows: list[list[str]]) -> list[str]:
@@ -46,60 +50,78 @@ def _render(groups: list[tuple[str, list[str]]], rows: list[list[str]]) -> list[
     return ["  ".join(spans).rstrip(), line(names), *(line(r) for r in rows)]
 
 
-def table(plans: Sequence[MoeMemoryPlan], gpu_memory_gib: float | None) -> str:
+def table(plans: Sequence[DeploymentPlan]) -> str:
     """One row per deployment; per-GPU figures, GB = 10^9 bytes."""
-    layers = plans[0].moe_layers
+    first = plans[0]
+    layers = first.moe.moe_layers
+    budget, serving = first.budget, first.serving
     groups = [
         ("", ["config", "GPUs", "experts"]),
         ("I per rank", ["logical", "upstream", "fixed"]),
         ("routed GB per layer", ["upstream", "fixed", "floor"]),
         (f"routed GB, {layers} layers", ["upstream", "fixed", "floor"]),
-        (f"{layers} layers", ["shared GB", "latent GB"]),
+        ("whole model GB", ["upstream", "fixed"]),
     ]
-    if gpu_memory_gib is not None:
-        groups.append((f"fits {gpu_memory_gib:g} GiB", ["upstream", "fixed"]))
+    if budget is not None:
+        groups += [
+            (f"fits {budget.gpu_memory_gib:g} GiB", ["upstream", "fixed"]),
+            ("KV cache tokens", ["upstream", "fixed"]),
+            (f"requests of {serving.max_model_len}", ["upstream", "fixed"]),
+        ]
     rows = []
     for p in plans:
-        totals = p.all_moe_layers
+        moe, totals = p.moe, p.moe.all_moe_layers
         row = [
             p.deployment.label(),
             str(p.deployment.gpus),
-            str(p.fixed.local_experts),
-            str(p.logical_intermediate_per_rank),
-            str(p.upstream.intermediate_per_rank),
-            str(p.fixed.intermediate_per_rank),
-            _gb_per_layer(p.upstream.routed_bytes),
-            _gb_per_layer(p.fixed.routed_bytes),
-            _gb_per_layer(p.floor_routed_bytes),
+            str(moe.fixed.local_experts),
+            str(moe.logical_intermediate_per_rank),
+            str(moe.upstream.intermediate_per_rank),
+            str(moe.fixed.intermediate_per_rank),
+            _gb_per_layer(moe.upstream.routed_bytes),
+            _gb_per_layer(moe.fixed.routed_bytes),
+            _gb_per_layer(moe.floor_routed_bytes),
             _gb(totals["upstream_routed_bytes"]),
             _gb(totals["fixed_routed_bytes"]),
             _gb(totals["floor_routed_bytes"]),
-            _gb(totals["shared_bytes"]),
-            _gb(totals["latent_bytes"]),
+            _gb(p.upstream.total_bytes),
+            _gb(p.fixed.total_bytes),
         ]
-        if gpu_memory_gib is not None:
-            fits = p.fits(gpu_memory_gib)
-            row += ["yes" if fits[which] else "no" for which in ("upstream", "fixed")]
+        if budget is not None:
+            kv = (p.upstream_kv, p.fixed_kv)
+            row += ["yes" if c.tokens else "no" for c in kv]
+            row += [f"{c.tokens:,}" for c in kv]
+            row += [f"{c.concurrency:.1f}" for c in kv]
         rows.append(row)
 
-    d = plans[0].deployment
+    d = first.deployment
     notes = [
         "experts: routed experts per GPU. I per rank: routed-expert intermediate",
         "size per GPU: the logical slice, what vLLM 0.33.0 allocates (upstream)",
         "and what it allocates with this plugin (fixed). floor: the routed experts",
-        "at exactly the logical size. shared, latent: shared experts and the",
-        "latent MoE projections (same upstream and fixed).",
+        "at exactly the logical size. whole model: every parameter of vLLM's",
+        "Kimi-K3 language model on one GPU (embeddings, lm_head, MLA and KDA",
+        "attention, dense layer, MoE layers, norms).",
     ]
-    if gpu_memory_gib is not None:
+    if budget is not None:
+        kv = first.kv_cache
         notes += [
-            f"fits: all MoE-layer weights (routed, shared, latent, router) in "
-            f"{gpu_memory_gib:g} GiB;",
-            "attention, dense layers, KV cache and activations are not counted.",
+            f"fits: vLLM takes {budget.utilization:g} of {budget.gpu_memory_gib:g} "
+            "GiB (--gpu-memory-utilization), less the weights",
+            f"and a {budget.reserve_gib:g} GiB reserve for activations and CUDA "
+            "graphs (--reserve-gib, an",
+            "estimate); the rest is KV cache, sized by vLLM's own block-pool",
+            "planner from the built layers' KV-cache specs. It fits when that",
+            f"holds one request of --max-model-len {serving.max_model_len}; "
+            "requests: how many of that length.",
+            f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} bytes "
+            f"per token on every GPU ({kv.mla_layers} MLA layers), plus",
+            f"the state of {kv.kda_layers} KDA layers per sequence, split by TP.",
         ]
     return "\n".join(
         [
-            f"Kimi-K3 MoE weights per GPU: {QUANTIZATION_NAMES[d.quantization]} "
-            f"on {d.backend}, {layers} MoE layers, GB = 10^9 bytes",
+            f"Kimi-K3 per GPU: {QUANTIZATION_NAMES[d.quantization]} on {d.backend}, "
+            f"{layers} MoE layers, GB = 10^9 bytes",
             "",
             *_render(groups, rows),
             "",
@@ -108,14 +130,16 @@ def table(plans: Sequence[MoeMemoryPlan], gpu_memory_gib: float | None) -> str:
     )
 
 
-def as_json(plans: Sequence[MoeMemoryPlan], gpu_memory_gib: float | None) -> str:
+def as_json(plans: Sequence[DeploymentPlan]) -> str:
     documents = []
     for p in plans:
         document = p.to_dict()
-        if gpu_memory_gib is not None:
+        if p.budget is not None:
+            assert p.upstream_kv is not None and p.fixed_kv is not None
             document["fits"] = {
-                "gpu_memory_gib": gpu_memory_gib,
-                **p.fits(gpu_memory_gib),
+                "gpu_memory_gib": p.budget.gpu_memory_gib,
+                "upstream": p.upstream_kv.tokens > 0,
+                "fixed": p.fixed_kv.tokens > 0,
             }
         documents.append(document)
     return json.dumps(documents, indent=2)

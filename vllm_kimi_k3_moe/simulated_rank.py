@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_kimi_k3_moe.deployment import QUANTIZATION_PATHS
+from vllm_kimi_k3_moe.deployment import MXFP4_PATHS
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,8 @@ COMPRESSED_TENSORS_MXFP4_EXPERTS = {
 
 
 def quant_config(quantization: str) -> Any:
-    """The vLLM quantization config of one of ``QUANTIZATION_PATHS``."""
+    """The vLLM quantization config of one of the ``MXFP4_PATHS``, for the
+    routed experts alone (the MoE-layer planner and the tests)."""
     if quantization == "mxfp4":
         from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4Config
 
@@ -132,7 +133,7 @@ def quant_config(quantization: str) -> Any:
         return CompressedTensorsConfig.from_config(COMPRESSED_TENSORS_MXFP4_EXPERTS)
     raise ValueError(
         f"unknown quantization path {quantization!r}; "
-        f"choose one of {', '.join(QUANTIZATION_PATHS)}"
+        f"choose one of {', '.join(MXFP4_PATHS)}"
     )
 
 
@@ -167,24 +168,37 @@ def mxfp4_backend_chosen(quantization: str, backend: str) -> Iterator[None]:
         yield
 
 
+def moe_backend_setting(deployment: Any) -> str:
+    """The ``--moe-backend`` a ``deployment.Deployment`` is built with. On the
+    MXFP4 paths ``marlin``, whatever kernel it names: ``mxfp4_backend_chosen``
+    makes vLLM pick that one (their names are ``Mxfp4MoeBackend``'s). The
+    other formats take vLLM's own ``--moe-backend`` names."""
+    return "marlin" if deployment.quantization in MXFP4_PATHS else deployment.backend
+
+
 @contextmanager
 def rank_zero_of(deployment: Any) -> Iterator[Topology]:
     """Pose as rank 0 of a ``deployment.Deployment``: its parallel groups,
-    its MXFP4 kernel chosen, and bfloat16 (Kimi-K3's dtype) as the default
-    for weights outside the MXFP4 experts. Yields the topology."""
+    its MoE kernel chosen (an MXFP4 one named by ``mxfp4_backend_chosen``;
+    another format's by vLLM's own selection, every kernel's device check
+    answering as on its GPU), and bfloat16 (Kimi-K3's dtype) as the default
+    for unquantized weights. Yields the topology."""
     import torch
     from vllm.utils.torch_utils import set_default_torch_dtype
+
+    from vllm_kimi_k3_moe.cpu_stand_ins import moe_kernels_on_their_gpu
 
     topology = Topology(
         deployment.tp_size,
         dp_size=deployment.dp_size,
         expert_parallel=deployment.expert_parallel,
     )
-    with (
-        simulated_rank(topology),
-        mxfp4_backend_chosen(deployment.quantization, deployment.backend),
-        set_default_torch_dtype(torch.bfloat16),
-    ):
+    kernel = (
+        mxfp4_backend_chosen(deployment.quantization, deployment.backend)
+        if deployment.quantization in MXFP4_PATHS
+        else moe_kernels_on_their_gpu()
+    )
+    with simulated_rank(topology), kernel, set_default_torch_dtype(torch.bfloat16):
         yield topology
 
 
@@ -192,27 +206,20 @@ def rank_vllm_config(
     topology: Topology,
     quantization: str = "mxfp4",
     model_config: Any = None,
-    *,
-    architecture: Any = None,
 ) -> Any:
     """A fresh ``VllmConfig`` for ``topology`` (vLLM refuses two layers with
     one name under one config): MXFP4 of ``quantization``'s path, or, given a
-    checkpoint's ``ModelConfig``, what vLLM resolves from it. Given instead an
-    ``architecture`` (a ``ModelConfig`` of a weightless ``config.json``, for
-    building the whole model), its model with ``quantization``'s MXFP4 path.
-    Its MoE backend is ``marlin`` (as ``--moe-backend marlin`` sets it)
-    whatever kernel the caller means to run: the planner makes vLLM pick its
-    MXFP4 kernel with ``mxfp4_backend_chosen``; the tests keep Marlin and
-    answer its device check, which a CPU box fails."""
+    checkpoint's ``ModelConfig``, what vLLM resolves from it. Its MoE
+    backend is ``marlin`` (as ``--moe-backend marlin`` sets it) whatever
+    kernel the caller means to run: the planner makes vLLM pick its MXFP4
+    kernel with ``mxfp4_backend_chosen``; the tests keep Marlin and answer
+    its device check, which a CPU box fails."""
     from vllm.config import DeviceConfig, KernelConfig, ParallelConfig, VllmConfig
 
-    if model_config is not None or architecture is not None:
+    if model_config is not None:
         return VllmConfig(
-            model_config=model_config if model_config is not None else architecture,
-            # None: vLLM resolves the checkpoint's own quantization
-            quant_config=None
-            if model_config is not None
-            else quant_config(quantization),
+            model_config=model_config,
+            quant_config=None,  # vLLM resolves the checkpoint's own
             device_config=DeviceConfig(device="cpu"),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=topology.tp_size,

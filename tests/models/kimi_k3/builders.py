@@ -7,7 +7,7 @@ import pytest
 from torch import nn
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from vllm_kimi_k3_moe.deployment import QUANTIZATION_PATHS
+from vllm_kimi_k3_moe.deployment import MXFP4_PATHS
 from vllm_kimi_k3_moe.kimi_k3_text_config import (
     kimi_k3_text_config as kimi_k3_moe_config,
 )
@@ -16,7 +16,7 @@ POISON = 0xA5  # the byte uninitialised memory reads as in these tests
 
 # Native MXFP4 (the released checkpoint, rewritten by vLLM) and the
 # compressed-tensors MXFP4 method (other compressed-tensors formats).
-on_both_quantization_paths = pytest.mark.parametrize("quantization", QUANTIZATION_PATHS)
+on_both_quantization_paths = pytest.mark.parametrize("quantization", MXFP4_PATHS)
 
 
 def kimi_k3_text_config(*, small: bool = False):

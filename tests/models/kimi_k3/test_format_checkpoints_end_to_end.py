@@ -15,8 +15,8 @@ from tests.models.kimi_k3.format_checkpoints import (
     FORMAT_TENSORS,
     write_format_checkpoint_with_data,
 )
-from tests.models.kimi_k3.gpu_stand_ins import moe_kernels_on_their_gpu
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
+from vllm_kimi_k3_moe.cpu_stand_ins import moe_kernels_on_their_gpu
 from vllm_kimi_k3_moe.simulated_rank import Topology, simulated_rank
 
 # One MoE layer (1) of four experts; the real 3072 intermediate size.

@@ -4,6 +4,7 @@ per GPU, matching independent arithmetic, and refuses bad input in one line."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 
@@ -12,7 +13,10 @@ import pytest
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from vllm_kimi_k3_moe.cli import main
 from vllm_kimi_k3_moe.deployment import Deployment
-from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_MOE_TEXT_CONFIG
+from vllm_kimi_k3_moe.kimi_k3_text_config import (
+    KIMI_K3_MOE_TEXT_CONFIG,
+    KIMI_K3_TEXT_CONFIG,
+)
 from vllm_kimi_k3_moe.plan import plan
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
@@ -28,8 +32,9 @@ def routed_bytes(experts: int, intermediate: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def kimi_k3_plans(kimi_model) -> dict[int, object]:
-    return {tp: plan(KIMI_K3_MOE_TEXT_CONFIG, Deployment(tp)) for tp in (8, 16, 32)}
+def kimi_k3_plans(kimi_k3_deployment_plans) -> dict[int, object]:
+    """The MoE-layer part of each whole-deployment plan."""
+    return {tp: p.moe for tp, p in kimi_k3_deployment_plans.items()}
 
 
 @pytest.mark.parametrize(
@@ -124,8 +129,19 @@ def test_json_with_fit_check(kimi_model, capsys):
     assert document["all_moe_layers"]["fixed_routed_bytes"] == 92 * routed_bytes(
         896, 128
     )
-    # 120.5 GB of routed experts alone exceed 96 GiB (103.1 GB); 60.3 GB do not.
+    # The whole model: 135.2 GB upstream exceeds 0.92 x 96 GiB (94.8 GB) on its
+    # own; 75.0 GB fixed leaves 94.8 - 75.0 - 6 GiB reserve (6.4 GB) = 13.4 GB.
     assert document["fits"] == {"gpu_memory_gib": 96, "upstream": False, "fixed": True}
+    whole = document["whole_model"]
+    assert whole["upstream_bytes"] > 0.92 * 96 * 2**30 > whole["fixed_bytes"]
+    kv = document["kv_cache"]
+    assert kv["upstream_tokens"] == 0
+    assert kv["fixed_available_bytes"] == (
+        math.ceil(96 * 2**30 * 0.92) - whole["fixed_bytes"] - 6 * 2**30
+    )
+    # 24 MLA layers x 576 bf16 values per token; a block is 256 tokens at TP32
+    assert kv["fixed_tokens"] > kv["fixed_available_bytes"] // (24 * 576 * 2) * 0.9
+    assert kv["fixed_tokens"] % 131072 != 0  # concurrency x max_model_len
 
 
 def test_config_file_with_nested_text_config(kimi_model, tmp_path, capsys):
@@ -136,7 +152,7 @@ def test_config_file_with_nested_text_config(kimi_model, tmp_path, capsys):
                 "architectures": ["KimiK3ForConditionalGeneration"],
                 "quantization_config": {"format": "mxfp4-pack-quantized"},
                 "vision_config": {"hidden_size": 1152},
-                "text_config": {**KIMI_K3_MOE_TEXT_CONFIG, "vocab_size": 163840},
+                "text_config": KIMI_K3_TEXT_CONFIG,
             }
         )
     )
@@ -168,8 +184,26 @@ BAD_INPUT = [
         ["--quantization", "compressed-tensors", "--moe-backend", "deepgemm_mxfp4"],
         ["'deepgemm_mxfp4'", "compressed-tensors"],
     ),
-    ("unknown quantization", ["--quantization", "nvfp4"], ["'nvfp4'"]),
+    ("unknown quantization", ["--quantization", "fp4"], ["'fp4'"]),
     ("gpu memory negative", ["--gpu-memory-gib", "-1"], ["'-1'"]),
+    (
+        "utilization above 1",
+        ["--gpu-memory-gib", "80", "--gpu-memory-utilization", "1.5"],
+        ["--gpu-memory-utilization", "(0, 1]", "1.5"],
+    ),
+    (
+        "utilization 0",
+        ["--gpu-memory-gib", "80", "--gpu-memory-utilization", "0"],
+        ["(0, 1]", "got 0"],
+    ),
+    # 896 / 64 = 14 experts per GPU, but 96 heads do not split over TP64
+    ("tp not dividing the heads", ["--tp", "64", "--ep"], ["96", "64", "heads"]),
+    ("unknown kv cache dtype", ["--kv-cache-dtype", "fp4"], ["'fp4'"]),
+    (
+        "backend not for the format",
+        ["--quantization", "w4a16", "--moe-backend", "triton"],
+        ["'triton'", "w4a16", "marlin"],
+    ),
 ]
 
 
@@ -204,6 +238,10 @@ def test_bad_input_is_one_line_and_exit_2(capsys, arguments, words):
             ["num_experts", "'896'"],
         ),
         (
+            json.dumps({"text_config": KIMI_K3_MOE_TEXT_CONFIG}),
+            ["lacks", "vocab_size", "linear_attn_config", "attention"],
+        ),
+        (
             json.dumps(
                 {"text_config": {**KIMI_K3_MOE_TEXT_CONFIG, "moe_layer_freq": 0}}
             ),
@@ -216,6 +254,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, arguments, words):
         "not an object",
         "missing field",
         "field not int",
+        "no attention fields",
         "layer frequency 0",
     ],
 )
@@ -268,13 +307,14 @@ def test_help_lists_the_backends():
         assert word in help_text
 
 
-def test_readme_shows_the_default_table(kimi_k3_plans):
+def test_readme_shows_the_tp32_fit_table(kimi_k3_deployment_plans):
     from pathlib import Path
 
     from vllm_kimi_k3_moe.plan_report import table
 
     readme = (Path(__file__).parents[3] / "README.md").read_text()
-    assert table([kimi_k3_plans[tp] for tp in (8, 16, 32)], None) in readme
+    plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
+    assert table(plans) in readme  # plan --gpu-memory-gib 96
 
 
 def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
@@ -282,10 +322,10 @@ def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
     with; at TP32 none allocates more than upstream's 256 or less than 96."""
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
 
-    from vllm_kimi_k3_moe.deployment import BACKENDS
+    from vllm_kimi_k3_moe.deployment import BACKENDS, MXFP4_PATHS
 
-    for quantization, backends in BACKENDS.items():
-        for backend in backends:
+    for quantization in MXFP4_PATHS:
+        for backend in BACKENDS[quantization]:
             assert backend.upper() in Mxfp4MoeBackend.__members__, backend
             deployment = Deployment(32, backend=backend, quantization=quantization)
             result = plan(KIMI_K3_MOE_TEXT_CONFIG, deployment)

@@ -10,18 +10,19 @@ import pytest
 import torch
 
 from vllm_kimi_k3_moe import cpu_stand_ins
-from vllm_kimi_k3_moe.deployment import Deployment
-from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_MOE_TEXT_CONFIG
+from vllm_kimi_k3_moe.deployment import Deployment, Serving
+from vllm_kimi_k3_moe.kimi_k3_text_config import (
+    KIMI_K3_MOE_TEXT_CONFIG,
+    KIMI_K3_TEXT_CONFIG,
+)
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
 from vllm_kimi_k3_moe.plan import plan
 from vllm_kimi_k3_moe.simulated_rank import Topology, simulated_rank
 from vllm_kimi_k3_moe.whole_model import (
     COMPONENTS,
-    KIMI_K3_WHOLE_TEXT_CONFIG,
-    architecture_config,
-    build_language_model,
+    build_rank,
     kimi_moe_class,
-    whole_model_bytes,
+    write_architecture,
 )
 
 VOCAB = 163840
@@ -34,20 +35,22 @@ KDA_LAYERS = 69
 
 
 @pytest.fixture(scope="module")
-def sizes(kimi_model) -> dict[int, object]:
-    return {
-        tp: whole_model_bytes(KIMI_K3_WHOLE_TEXT_CONFIG, Deployment(tp))
-        for tp in (8, 32)
-    }
+def sizes(kimi_k3_deployment_plans) -> dict[int, object]:
+    return kimi_k3_deployment_plans
 
 
 @pytest.mark.parametrize("upstream", [False, True])
 def test_the_language_model_builds_at_tp32_rank0_on_meta(kimi_model, upstream):
     fixed_cls = kimi_model.KimiMoE
     kimi_moe_cls = upstream_kimi_moe(kimi_model) if upstream else fixed_cls
+    deployment, serving = Deployment(32), Serving()
     with tempfile.TemporaryDirectory() as directory:
-        architecture = architecture_config(KIMI_K3_WHOLE_TEXT_CONFIG, Path(directory))
-        model = build_language_model(kimi_moe_cls, architecture, Deployment(32))
+        architecture = write_architecture(
+            KIMI_K3_TEXT_CONFIG, deployment, serving, Path(directory)
+        )
+        model = build_rank(
+            kimi_moe_cls, KIMI_K3_TEXT_CONFIG, deployment, serving, architecture
+        ).model
     assert type(model) is kimi_model.KimiLinearForCausalLM
     assert kimi_model.KimiMoE is fixed_cls  # the swap was undone
     assert all(p.device.type == "meta" for p in model.parameters())
@@ -69,7 +72,9 @@ def test_the_language_model_builds_at_tp32_rank0_on_meta(kimi_model, upstream):
 def test_routed_experts_are_the_planners_times_the_moe_layers(sizes, tp):
     moe_plan = plan(KIMI_K3_MOE_TEXT_CONFIG, Deployment(tp))
     size = sizes[tp]
-    assert size.moe_layers == MOE_LAYERS
+    assert size.moe.moe_layers == MOE_LAYERS
+    assert size.moe.upstream == moe_plan.upstream  # its first MoE layer
+    assert size.moe.fixed == moe_plan.fixed
     routed = "moe_routed_experts"
     assert size.upstream.components[routed] == moe_plan.upstream.routed_bytes * 92
     assert size.fixed.components[routed] == moe_plan.fixed.routed_bytes * 92
@@ -135,7 +140,7 @@ def test_stand_ins_are_entered_and_left(kimi_model):
     assert _state(kimi_model) == before
     with cpu_stand_ins.mla_attention_kernels():
         backend = mla.get_attn_backend(576, torch.bfloat16, "auto", use_mla=True)
-        assert backend is cpu_stand_ins.MlaBackendStandIn
+        assert backend is cpu_stand_ins.mla_backend_stand_in()
         assert backend.get_impl_cls() is cpu_stand_ins.MlaKernelStandIn
         assert mla.get_mla_prefill_backend(None) is cpu_stand_ins.MlaKernelStandIn
     assert _state(kimi_model) == before

@@ -1,0 +1,206 @@
+"""``plan_deployment`` sizes the whole deployment: the KV cache from the specs
+vLLM's built layers report (checked against hand arithmetic), what is left of a
+GPU next to the weights, and every published format at TP8, TP16 and TP32."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vllm_kimi_k3_moe.deployment import BACKENDS, QUANTIZATION_PATHS, Deployment
+from vllm_kimi_k3_moe.gpu_budget import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    GpuBudget,
+)
+from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.plan import plan_deployment
+from vllm_kimi_k3_moe.published_formats import PUBLISHED_QUANTIZATION_CONFIGS
+
+GIB = 2**30
+MLA_LAYERS, KDA_LAYERS = 24, 69
+KV_LORA_RANK, ROPE = 512, 64  # the MLA cache holds 576 values per token
+KDA_HEADS, KDA_HEAD_DIM, CONV = 96, 128, 4
+BF16, FP32 = 2, 4
+
+
+def kda_state_bytes(tp: int) -> int:
+    """One KDA layer's state per sequence on one GPU: the short convolution
+    keeps CONV - 1 past inputs of q, k and v (bf16), the recurrence one
+    128 x 128 matrix per head (fp32, vLLM's default for it)."""
+    conv = (CONV - 1) * 3 * KDA_HEADS * KDA_HEAD_DIM // tp * BF16
+    recurrent = KDA_HEADS // tp * KDA_HEAD_DIM * KDA_HEAD_DIM * FP32
+    return conv + recurrent
+
+
+@pytest.mark.parametrize(
+    ("tp", "block_size"),
+    [
+        # a block holds a KDA state: 128-token multiples of 576 x 2 bytes
+        (8, 768),  # 814,080 B of state -> 6 x 128 tokens
+        (16, 384),
+        (32, 256),  # 203,520 B -> 2 x 128 tokens (294,912 B)
+    ],
+)
+def test_kv_cache_specs_match_hand_arithmetic(kimi_k3_deployment_plans, tp, block_size):
+    kv = kimi_k3_deployment_plans[tp].kv_cache
+    assert kv.mla_layers == MLA_LAYERS and kv.kda_layers == KDA_LAYERS
+    # MLA's latent cache is not split by TP: every GPU holds all of it
+    assert kv.mla_bytes_per_token == MLA_LAYERS * (KV_LORA_RANK + ROPE) * BF16
+    assert kv.kda_bytes_per_sequence == KDA_LAYERS * kda_state_bytes(tp)
+    assert kv.block_size == block_size
+    assert kv.page_bytes == block_size * (KV_LORA_RANK + ROPE) * BF16
+    assert kv.page_bytes >= kda_state_bytes(tp) > kv.page_bytes - 128 * 576 * BF16
+
+
+def test_fp8_kv_cache_halves_the_mla_bytes(kimi_model):
+    from vllm_kimi_k3_moe.deployment import Serving
+
+    result = plan_deployment(
+        KIMI_K3_TEXT_CONFIG, Deployment(32), Serving(kv_cache_dtype="fp8")
+    )
+    assert result.kv_cache.mla_bytes_per_token == MLA_LAYERS * 576  # one byte
+    assert result.kv_cache.kda_bytes_per_sequence == KDA_LAYERS * kda_state_bytes(32)
+
+
+def test_kv_tokens_follow_the_memory_left(kimi_k3_deployment_plans):
+    """At TP32 on 96 GiB, what is left next to the fixed model becomes KV
+    cache: about that many bytes over the bytes a token costs, less what
+    each request's KDA state holds; upstream nothing is left."""
+    result = kimi_k3_deployment_plans[32]
+    budget, fixed = result.budget, result.fixed_kv
+    left = math.ceil(96 * GIB * 0.92) - result.fixed.total_bytes - 6 * GIB
+    assert fixed.available_bytes == left > 0
+    # a request: 131072 tokens of MLA cache + 3 KDA groups x 3 blocks of state
+    blocks = left // (MLA_LAYERS * result.kv_cache.page_bytes)
+    per_request = 131072 // 256 + 3 * 3
+    assert fixed.concurrency == pytest.approx((blocks - 1) / per_request, rel=1e-3)
+    assert fixed.tokens == int(fixed.concurrency * 131072)
+    assert result.upstream_kv.tokens == 0
+    assert result.upstream_kv.available_bytes < 0
+    assert budget.kv_cache_bytes(result.upstream.total_bytes) < 0
+
+
+@pytest.mark.parametrize(
+    ("gib", "upstream_fits", "fixed_fits"),
+    [(80, False, False), (96, False, True), (141, False, True), (192, True, True)],
+)
+def test_tp32_fit_by_gpu_size(kimi_model, gib, upstream_fits, fixed_fits):
+    result = plan_deployment(KIMI_K3_TEXT_CONFIG, Deployment(32), budget=GpuBudget(gib))
+    assert (result.upstream_kv.tokens > 0) == upstream_fits
+    assert (result.fixed_kv.tokens > 0) == fixed_fits
+    assert result.fixed_kv.tokens >= result.upstream_kv.tokens
+
+
+def test_default_utilization_is_vllms():
+    from vllm.config import CacheConfig
+
+    assert CacheConfig().gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, 1.01])
+def test_utilization_outside_zero_one_is_refused(bad):
+    from vllm_kimi_k3_moe.gpu_budget import BudgetError
+
+    with pytest.raises(BudgetError, match=r"\(0, 1\]"):
+        GpuBudget(80, utilization=bad)
+
+
+def test_every_format_has_its_published_config():
+    assert (
+        tuple(PUBLISHED_QUANTIZATION_CONFIGS) == QUANTIZATION_PATHS == tuple(BACKENDS)
+    )
+
+
+# Routed-expert method vLLM resolves from each published config.
+METHODS = {
+    "mxfp4": "Mxfp4MoEMethod",
+    "compressed-tensors": "CompressedTensorsW4A4Mxfp4MoEMethod",
+    "fp8-block": "CompressedTensorsW8A8Fp8MoEMethod",
+    "nvfp4": "CompressedTensorsW4A4Nvfp4MoEMethod",
+    "modelopt-nvfp4": "ModelOptNvFp4FusedMoE",
+    "w4a16": "CompressedTensorsWNA16MoEMethod",
+    "bf16": "UnquantizedFusedMoEMethod",
+}
+
+
+@pytest.fixture(scope="module")
+def formats(kimi_model) -> dict[tuple[str, int], object]:
+    return {
+        (fmt, tp): plan_deployment(
+            KIMI_K3_TEXT_CONFIG, Deployment(tp, quantization=fmt)
+        )
+        for fmt in QUANTIZATION_PATHS
+        for tp in (8, 16, 32)
+    }
+
+
+@pytest.mark.parametrize("fmt", QUANTIZATION_PATHS)
+def test_every_format_builds_whole_and_never_larger(formats, fmt):
+    for tp in (8, 16, 32):
+        result = formats[fmt, tp]
+        assert result.fixed.total_bytes <= result.upstream.total_bytes
+        # only the routed experts differ between upstream and fixed
+        for name, size in result.fixed.components.items():
+            if name != "moe_routed_experts":
+                assert size == result.upstream.components[name], (fmt, tp, name)
+    assert formats[fmt, 8].fixed == formats[fmt, 8].upstream  # nothing padded
+    assert formats[fmt, 32].fixed.total_bytes < formats[fmt, 32].upstream.total_bytes
+
+
+def test_formats_get_their_vllm_methods(kimi_model):
+    import tempfile
+    from pathlib import Path
+
+    from vllm_kimi_k3_moe.deployment import Serving
+    from vllm_kimi_k3_moe.plan import kimi_moe_classes
+    from vllm_kimi_k3_moe.whole_model import build_rank, write_architecture
+
+    _, fixed_cls = kimi_moe_classes()
+    for fmt, method in METHODS.items():
+        deployment = Deployment(32, quantization=fmt)
+        with tempfile.TemporaryDirectory() as directory:
+            architecture = write_architecture(
+                KIMI_K3_TEXT_CONFIG, deployment, Serving(), Path(directory)
+            )
+            model = build_rank(
+                fixed_cls, KIMI_K3_TEXT_CONFIG, deployment, Serving(), architecture
+            ).model
+        experts = model.model.layers[1].block_sparse_moe.experts.routed_experts
+        assert type(experts.quant_method).__name__ == method, fmt
+
+
+def test_formats_order_by_bytes_per_expert_value_at_tp32(formats):
+    """BF16 2 bytes per expert value, FP8 1 (+ block scales), the 4-bit
+    formats about half; INT4 and NVFP4 are allocated at the logical 96 rows
+    (their kernels pad at weight preparation), MXFP4 at Marlin's 128."""
+    sizes = {fmt: formats[fmt, 32].fixed.total_bytes for fmt in QUANTIZATION_PATHS}
+    assert sizes["bf16"] > sizes["fp8-block"] > sizes["mxfp4"] > sizes["w4a16"]
+    assert sizes["w4a16"] > sizes["nvfp4"] == sizes["modelopt-nvfp4"]
+
+
+@pytest.mark.parametrize(
+    "deployment",
+    [
+        Deployment(16),
+        Deployment(8, dp_size=4),
+        Deployment(32, expert_parallel=True),
+        Deployment(8, dp_size=4, expert_parallel=True),
+    ],
+    ids=["TP16", "TP8 DP4", "TP32 EP", "TP8 DP4 EP"],
+)
+def test_other_topologies_build_whole(kimi_model, deployment):
+    result = plan_deployment(KIMI_K3_TEXT_CONFIG, deployment, budget=GpuBudget(141))
+    assert result.fixed.total_bytes <= result.upstream.total_bytes
+    experts = KIMI_K3_TEXT_CONFIG["num_experts"]
+    assert result.moe.fixed.local_experts == deployment.experts_per_gpu(experts)
+    assert result.fixed_kv.tokens >= result.upstream_kv.tokens
+
+
+@pytest.mark.parametrize("fmt", [f for f in QUANTIZATION_PATHS if f != "mxfp4"])
+def test_every_offered_backend_builds_the_format(kimi_model, fmt):
+    for backend in BACKENDS[fmt]:
+        result = plan_deployment(
+            KIMI_K3_TEXT_CONFIG, Deployment(32, backend=backend, quantization=fmt)
+        )
+        assert result.moe.fixed.intermediate_per_rank <= 256, (fmt, backend)

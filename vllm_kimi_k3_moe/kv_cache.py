@@ -1,0 +1,129 @@
+"""Kimi-K3's KV cache per GPU, from the specs vLLM's built layers report.
+
+After the whole language model is built for a rank (``whole_model``), this
+does what vLLM 0.33.0's engine does at start-up, with vLLM's own functions:
+the platform fixes the block size (``Platform.update_block_size_for_backend``,
+which for a hybrid model aligns the MLA pages with the KDA state pages), the
+worker collects every attention layer's spec (``get_kv_cache_spec``: one
+``MLAAttentionSpec`` per MLA layer, one ``MambaSpec`` per KDA layer), and the
+engine groups them and sizes the block pool for the memory left
+(``get_kv_cache_configs``), then states the capacity as vLLM logs it
+(``get_kv_cache_capacity``: tokens = full-length requests x max_model_len,
+because KDA state is held per sequence, not per token).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class KvCacheShape:
+    """What one GPU's KV cache is made of, read from vLLM's specs."""
+
+    block_size: int  # tokens per block, after vLLM's hybrid alignment
+    mla_layers: int
+    kda_layers: int
+    mla_bytes_per_token: int  # all MLA layers together (latent + rope)
+    kda_bytes_per_sequence: int  # all KDA layers' conv + recurrent state
+    page_bytes: int  # one layer's block, MLA and KDA alike
+
+    @classmethod
+    def of(cls, specs: dict[str, Any]) -> KvCacheShape:
+        from vllm.v1.kv_cache_interface import MambaSpec, MLAAttentionSpec
+
+        mla = [s for s in specs.values() if isinstance(s, MLAAttentionSpec)]
+        kda = [s for s in specs.values() if isinstance(s, MambaSpec)]
+        if len(mla) + len(kda) != len(specs) or not mla:
+            kinds = sorted({type(s).__name__ for s in specs.values()})
+            raise ValueError(f"unexpected Kimi-K3 KV-cache specs: {kinds}")
+        return cls(
+            block_size=mla[0].block_size,
+            mla_layers=len(mla),
+            kda_layers=len(kda),
+            mla_bytes_per_token=sum(s.page_size_bytes // s.block_size for s in mla),
+            kda_bytes_per_sequence=sum(s.real_page_size_bytes for s in kda),
+            page_bytes=mla[0].page_size_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """The KV cache vLLM would allocate in ``available_bytes``: its tokens
+    at ``max_model_len`` and the full-length requests they are. Zero when
+    vLLM would refuse to start (no memory left, or less than one request)."""
+
+    available_bytes: int
+    tokens: int
+    concurrency: float
+    refusal: str | None = None  # vLLM's reason, when it would not start
+
+
+class KvCachePlanner:
+    """The KV-cache specs of a rank built under ``vllm_config`` and vLLM's
+    block-pool sizing for any amount of memory."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        from vllm.platforms.interface import Platform
+        from vllm.v1.core.single_type_kv_cache_manager import (
+            register_all_kvcache_specs,
+        )
+        from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
+
+        from vllm_kimi_k3_moe.cpu_stand_ins import kda_prefill_kernel_of_the_gpu
+
+        self.vllm_config = vllm_config
+        kda_prefill_kernel_of_the_gpu(vllm_config)
+        # What the CUDA platform runs after loading the model (CudaPlatform
+        # does not override it): block size and hybrid page alignment.
+        Platform.update_block_size_for_backend(vllm_config)
+        register_all_kvcache_specs(vllm_config)
+        self.specs = get_kv_cache_spec(vllm_config)
+        self.shape = KvCacheShape.of(self.specs)
+        self._resolve_layout()
+
+    def _resolve_layout(self) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.utils import (
+            get_current_attn_backends,
+        )
+        from vllm.v1.attention.backends.utils import (
+            get_supported_kv_cache_layouts,
+            resolve_kv_cache_layout,
+        )
+
+        layouts = [
+            layout.name
+            for layout in get_supported_kv_cache_layouts(
+                get_current_attn_backends(self.vllm_config)
+            )
+        ]
+        resolve_kv_cache_layout(self.vllm_config, [layouts], self.specs.values())
+
+    def capacity(self, available_bytes: int) -> KvCapacity:
+        """What vLLM's engine core makes of ``available_bytes`` per GPU."""
+        from vllm.v1.core.kv_cache_planning import (
+            get_global_kv_cache_groups,
+            get_kv_cache_configs,
+        )
+        from vllm.v1.core.kv_cache_utils import (
+            generate_scheduler_kv_cache_config,
+            get_kv_cache_capacity,
+        )
+
+        if available_bytes <= 0:
+            return KvCapacity(available_bytes, 0, 0.0, "no memory left for it")
+        # vLLM's grouping edits the specs it is given.
+        specs = [copy.deepcopy(self.specs)]
+        groups = get_global_kv_cache_groups(self.vllm_config, specs)
+        try:
+            configs = get_kv_cache_configs(
+                self.vllm_config, specs, [available_bytes], groups
+            )
+        except ValueError as error:  # less than one full-length request
+            return KvCapacity(available_bytes, 0, 0.0, str(error).split("\n")[0])
+        tokens, concurrency = get_kv_cache_capacity(
+            self.vllm_config, generate_scheduler_kv_cache_config(configs)
+        )
+        return KvCapacity(available_bytes, tokens, concurrency)
