@@ -36,14 +36,9 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
-MXFP4_WEIGHTS = {
-    "num_bits": 4,
-    "type": "float",
-    "strategy": "group",
-    "group_size": 32,
-    "symmetric": True,
-    "dynamic": False,
-}
+from vllm_kimi_k3_moe.simulated_rank import MXFP4_WEIGHT_ARGS
+
+MXFP4_WEIGHTS = MXFP4_WEIGHT_ARGS
 FP8_BLOCK_WEIGHTS = {
     "num_bits": 8,
     "type": "float",
