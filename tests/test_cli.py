@@ -18,7 +18,7 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
     split_into_shards,
     write_checkpoint,
 )
-from vllm_kimi_k3_moe import cli
+from vllm_kimi_k3_moe.tools import cli
 
 REPO = Path(__file__).parents[1]
 SUPPORTED_SERIES = "0.33.x"  # compat.SUPPORTED_VLLM_SERIES
@@ -29,7 +29,7 @@ HEAVY = ("torch", "vllm")  # each takes seconds to import
 # of HEAVY it imported.
 IMPORT_PROBE = f"""
 import json, sys
-from vllm_kimi_k3_moe.cli import main
+from vllm_kimi_k3_moe.tools.cli import main
 try:
     status = main(sys.argv[1:])
 except SystemExit as exit:

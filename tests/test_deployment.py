@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_k3_moe.deployment import (
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.topology import (
     Deployment,
     DeploymentError,
     Parallelism,
     validate,
 )
-from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_MOE_TEXT_CONFIG
 
 INTERMEDIATE = 3072  # Kimi-K3's moe_intermediate_size
 NUM_EXPERTS = 896

@@ -8,14 +8,14 @@ Patch index (each module opens with its full ledger entry):
     backend owns the padded per-rank layout. Delete with the vLLM release that
     ships the upstream fix.
 
-``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts_partition``
+``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts``
     ``RoutedExperts._get_quant_method``: inside a Kimi-K3 ``KimiMoE`` only,
     each quantization method allocates the smallest per-rank partition its
     kernel accepts (rules in ``partition_rules``), never more than vLLM
     alone, with a zero pad; a method without a rule keeps vLLM alone's
     partition. Delete with the model patch.
 
-``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts``
+``vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading``
     Kimi-K3 routed-expert parameters' ``weight_loader``: refuses checkpoint
     tensors of the wrong shape, duplicated and never-loaded expert tensors,
     in every format whose layout it knows. Delete when vLLM's expert loader
@@ -69,9 +69,7 @@ DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
 # vLLM module -> the plugin module that patches it (apply / revert).
 PATCHES = {
     KIMI_K3_NVIDIA_MODEL: "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model",
-    ROUTED_EXPERTS: (
-        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts_partition"
-    ),
+    ROUTED_EXPERTS: ("vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts"),
     DEFAULT_LOADER: "vllm_kimi_k3_moe.model_executor.model_loader.default_loader",
 }
 

@@ -7,10 +7,10 @@ import pytest
 from torch import nn
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from vllm_kimi_k3_moe.deployment import MXFP4_PATHS
-from vllm_kimi_k3_moe.kimi_k3_text_config import (
+from vllm_kimi_k3_moe.tools.text_config import (
     kimi_k3_text_config as kimi_k3_moe_config,
 )
+from vllm_kimi_k3_moe.tools.topology import MXFP4_PATHS
 
 POISON = 0xA5  # the byte uninitialised memory reads as in these tests
 

@@ -21,13 +21,16 @@ from torch import nn
 import vllm_kimi_k3_moe
 from tests.models.kimi_k3.builders import POISON, kimi_k3_text_config, routed_experts
 from tests.models.kimi_k3.gpu_stand_ins import AttentionStandIn, marlin_without_gpu
-from vllm_kimi_k3_moe.cpu_stand_ins import CudaStreamStandIn, moe_kernels_on_their_gpu
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
-from vllm_kimi_k3_moe.simulated_rank import (
+from vllm_kimi_k3_moe.tools.build.rank import (
     Topology,
     build_kimi_moe_layer,
     rank_vllm_config,
     simulated_rank,
+)
+from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    CudaStreamStandIn,
+    moe_kernels_on_their_gpu,
 )
 
 
@@ -43,10 +46,10 @@ def kimi_k3_deployment_plans(kimi_model: ModuleType) -> dict[int, object]:
     """``plan_deployment`` of Kimi-K3's published config, released MXFP4 on
     Marlin, at TP8, TP16 and TP32, on 96 GiB GPUs (vLLM's defaults
     otherwise): built once, read by several test files."""
-    from vllm_kimi_k3_moe.deployment import Deployment
-    from vllm_kimi_k3_moe.gpu_budget import GpuBudget
-    from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_TEXT_CONFIG
-    from vllm_kimi_k3_moe.plan import plan_deployment
+    from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+    from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
+    from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+    from vllm_kimi_k3_moe.tools.topology import Deployment
 
     return {
         tp: plan_deployment(KIMI_K3_TEXT_CONFIG, Deployment(tp), budget=GpuBudget(96))

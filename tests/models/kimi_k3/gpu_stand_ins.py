@@ -2,7 +2,7 @@
 Marlin device check alone, and the attention layer of a decoder layer built
 without its attention. The stand-ins the planner shares
 (every MoE kernel's device check, CUDA streams and events, MLA kernels) are
-in ``vllm_kimi_k3_moe.cpu_stand_ins``. Everything else stays vLLM's own
+in ``vllm_kimi_k3_moe.tools.build.stand_ins``. Everything else stays vLLM's own
 code. Each stand-in is undone when its context or the test ends."""
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ import torch
 from safetensors.torch import save_file
 
 from tests.models.kimi_k3.mxfp4_checkpoint import logical_shape
-from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_MOE_TEXT_CONFIG
-from vllm_kimi_k3_moe.simulated_rank import MXFP4_WEIGHT_ARGS
+from vllm_kimi_k3_moe.tools.build.rank import MXFP4_WEIGHT_ARGS
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_TEXT_CONFIG
 
 PREFIX = "language_model.layers"
 PROJECTIONS = ("w1", "w3", "w2")  # gate, up, down

@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_kimi_k3_moe.simulated_rank import (
+from vllm_kimi_k3_moe.tools.build.rank import (
     COMPRESSED_TENSORS_MXFP4_EXPERTS,
     MXFP4_WEIGHT_ARGS,
 )

@@ -28,11 +28,11 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
     expert_tensor_name,
     write_checkpoint,
 )
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts import (
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
     expert_loading,
 )
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
-from vllm_kimi_k3_moe.simulated_rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Topology
 
 SPEC = KimiK3Spec()
 INTERMEDIATE = SPEC.moe_intermediate_size

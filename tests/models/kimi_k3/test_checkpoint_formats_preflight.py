@@ -14,9 +14,9 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
 )
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
-from vllm_kimi_k3_moe.checkpoint_formats import FormatError, checkpoint_format
-from vllm_kimi_k3_moe.cli import main
-from vllm_kimi_k3_moe.simulated_rank import Topology
+from vllm_kimi_k3_moe.formats.recognition import FormatError, checkpoint_format
+from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.tools.cli import main
 
 SPEC = KimiK3Spec()
 FORMATS = list(FORMAT_TENSORS)

@@ -25,7 +25,7 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
     write_checkpoint,
     write_header_only_checkpoint,
 )
-from vllm_kimi_k3_moe.cli import main
+from vllm_kimi_k3_moe.tools.cli import main
 
 SPEC = KimiK3Spec()
 Shards = list[dict[str, torch.Tensor]]

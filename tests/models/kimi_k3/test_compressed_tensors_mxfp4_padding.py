@@ -10,7 +10,7 @@ import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import POISON, routed_experts
-from vllm_kimi_k3_moe.simulated_rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Topology
 
 CT = "compressed-tensors"
 HIDDEN = k3.ROUTED_EXPERT_HIDDEN_SIZE  # 3584

@@ -16,8 +16,8 @@ from tests.models.kimi_k3.format_checkpoints import (
     write_format_checkpoint_with_data,
 )
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
-from vllm_kimi_k3_moe.cpu_stand_ins import moe_kernels_on_their_gpu
-from vllm_kimi_k3_moe.simulated_rank import Topology, simulated_rank
+from vllm_kimi_k3_moe.tools.build.rank import Topology, simulated_rank
+from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
 
 # One MoE layer (1) of four experts; the real 3072 intermediate size.
 SPEC = KimiK3Spec(num_experts=4, num_hidden_layers=2, num_nextn_predict_layers=0)

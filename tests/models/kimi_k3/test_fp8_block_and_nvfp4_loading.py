@@ -18,7 +18,7 @@ from tests.models.kimi_k3.traced_checkpoint import (
     load_and_decode,
     nvfp4_tensors,
 )
-from vllm_kimi_k3_moe.simulated_rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Topology
 
 TP_SIZE = 32
 INTERMEDIATE = k3.MOE_INTERMEDIATE_SIZE  # 3072

@@ -18,7 +18,7 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
     load_checkpoint,
 )
 from tests.models.kimi_k3.traced_checkpoint import assert_every_element_once
-from vllm_kimi_k3_moe.simulated_rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Topology
 
 TP_SIZE = 32
 RAW_LOCAL = 96  # 3072 // 32

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.models.kimi_k3.kimi_k3_formats import PUBLISHED_FORMATS, UNCOVERED_FORMAT
-from vllm_kimi_k3_moe.simulated_rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Topology
 
 TOPOLOGIES = [
     Topology(1),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_kimi_k3_moe.simulated_rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Topology
 
 TP_SIZE = 32
 

@@ -11,8 +11,10 @@ from torch import nn
 
 from tests.models.kimi_k3.kimi_k3_formats import PUBLISHED_FORMATS, UNCOVERED_FORMAT
 from tests.models.kimi_k3.test_never_worse_than_vllm_alone import PARTITIONS
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe import routed_experts_partition
-from vllm_kimi_k3_moe.simulated_rank import Topology
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
+    routed_experts as routed_experts_partition,
+)
+from vllm_kimi_k3_moe.tools.build.rank import Topology
 
 
 @pytest.fixture
@@ -127,7 +129,7 @@ def test_one_log_line_per_process_says_what_was_allocated(
 
 @pytest.mark.parametrize("fmt", PUBLISHED_FORMATS)
 def test_every_published_format_has_a_rule(build_small, fmt):
-    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import partition_rules
+    from vllm_kimi_k3_moe.formats import partition_rules
 
     backend = {"ct-fp8-block": "triton", "bf16": "triton"}.get(fmt, "marlin")
     experts = build_small(fmt, backend, Topology(32))

@@ -11,13 +11,13 @@ import subprocess
 import pytest
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from vllm_kimi_k3_moe.cli import main
-from vllm_kimi_k3_moe.deployment import Deployment
-from vllm_kimi_k3_moe.kimi_k3_text_config import (
+from vllm_kimi_k3_moe.tools.cli import main
+from vllm_kimi_k3_moe.tools.plan.planner import plan
+from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_MOE_TEXT_CONFIG,
     KIMI_K3_TEXT_CONFIG,
 )
-from vllm_kimi_k3_moe.plan import plan
+from vllm_kimi_k3_moe.tools.topology import Deployment
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
@@ -310,7 +310,7 @@ def test_help_lists_the_backends():
 def test_readme_shows_the_tp32_fit_table(kimi_k3_deployment_plans):
     from pathlib import Path
 
-    from vllm_kimi_k3_moe.plan_report import table
+    from vllm_kimi_k3_moe.tools.plan.report import table
 
     readme = (Path(__file__).parents[3] / "README.md").read_text()
     plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
@@ -322,7 +322,7 @@ def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
     with; at TP32 none allocates more than upstream's 256 or less than 96."""
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
 
-    from vllm_kimi_k3_moe.deployment import BACKENDS, MXFP4_PATHS
+    from vllm_kimi_k3_moe.tools.topology import BACKENDS, MXFP4_PATHS
 
     for quantization in MXFP4_PATHS:
         for backend in BACKENDS[quantization]:
@@ -340,7 +340,7 @@ def test_planning_leaves_vllms_kernel_checks_as_they_were(kimi_model):
     )
     from vllm.model_executor.layers.quantization import mxfp4
 
-    from vllm_kimi_k3_moe.simulated_rank import mxfp4_backend_chosen
+    from vllm_kimi_k3_moe.tools.build.rank import mxfp4_backend_chosen
 
     before = dict(vars(CutlassExpertsMxfp4)), dict(vars(mxfp4))
     for quantization in ("compressed-tensors", "mxfp4"):

@@ -8,14 +8,14 @@ import math
 
 import pytest
 
-from vllm_kimi_k3_moe.deployment import BACKENDS, QUANTIZATION_PATHS, Deployment
-from vllm_kimi_k3_moe.gpu_budget import (
+from vllm_kimi_k3_moe.formats.published_configs import PUBLISHED_QUANTIZATION_CONFIGS
+from vllm_kimi_k3_moe.tools.gpu_budget import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     GpuBudget,
 )
-from vllm_kimi_k3_moe.kimi_k3_text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.plan import plan_deployment
-from vllm_kimi_k3_moe.published_formats import PUBLISHED_QUANTIZATION_CONFIGS
+from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.topology import BACKENDS, QUANTIZATION_PATHS, Deployment
 
 GIB = 2**30
 MLA_LAYERS, KDA_LAYERS = 24, 69
@@ -54,7 +54,7 @@ def test_kv_cache_specs_match_hand_arithmetic(kimi_k3_deployment_plans, tp, bloc
 
 
 def test_fp8_kv_cache_halves_the_mla_bytes(kimi_model):
-    from vllm_kimi_k3_moe.deployment import Serving
+    from vllm_kimi_k3_moe.tools.topology import Serving
 
     result = plan_deployment(
         KIMI_K3_TEXT_CONFIG, Deployment(32), Serving(kv_cache_dtype="fp8")
@@ -100,7 +100,7 @@ def test_default_utilization_is_vllms():
 
 @pytest.mark.parametrize("bad", [0, -0.1, 1.01])
 def test_utilization_outside_zero_one_is_refused(bad):
-    from vllm_kimi_k3_moe.gpu_budget import BudgetError
+    from vllm_kimi_k3_moe.tools.gpu_budget import BudgetError
 
     with pytest.raises(BudgetError, match=r"\(0, 1\]"):
         GpuBudget(80, utilization=bad)
@@ -152,9 +152,9 @@ def test_formats_get_their_vllm_methods(kimi_model):
     import tempfile
     from pathlib import Path
 
-    from vllm_kimi_k3_moe.deployment import Serving
-    from vllm_kimi_k3_moe.plan import kimi_moe_classes
-    from vllm_kimi_k3_moe.whole_model import build_rank, write_architecture
+    from vllm_kimi_k3_moe.tools.build.whole_model import build_rank, write_architecture
+    from vllm_kimi_k3_moe.tools.plan.planner import kimi_moe_classes
+    from vllm_kimi_k3_moe.tools.topology import Serving
 
     _, fixed_cls = kimi_moe_classes()
     for fmt, method in METHODS.items():

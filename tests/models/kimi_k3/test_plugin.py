@@ -22,7 +22,7 @@ from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
     apply,
     upstream_kimi_moe,
 )
-from vllm_kimi_k3_moe.simulated_rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Topology
 
 ENTRY_POINT = "kimi_k3_moe"
 NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
@@ -212,7 +212,7 @@ def test_registration_on_supported_vllm_patches_imported_module(
 
 def _patched_modules():
     from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
-        routed_experts_partition,
+        routed_experts as routed_experts_partition,
     )
     from vllm_kimi_k3_moe.model_executor.model_loader import default_loader
     from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model

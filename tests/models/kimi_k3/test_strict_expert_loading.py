@@ -21,9 +21,9 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
     load_checkpoint,
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
-    routed_experts as strict_loading,
+    strict_expert_loading as strict_loading,
 )
-from vllm_kimi_k3_moe.simulated_rank import Topology, build_kimi_moe_layer
+from vllm_kimi_k3_moe.tools.build.rank import Topology, build_kimi_moe_layer
 
 HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256
 EXPERTS = k3.SMALL_NUM_EXPERTS  # 4

@@ -9,21 +9,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_kimi_k3_moe import cpu_stand_ins
-from vllm_kimi_k3_moe.deployment import Deployment, Serving
-from vllm_kimi_k3_moe.kimi_k3_text_config import (
-    KIMI_K3_MOE_TEXT_CONFIG,
-    KIMI_K3_TEXT_CONFIG,
-)
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
-from vllm_kimi_k3_moe.plan import plan
-from vllm_kimi_k3_moe.simulated_rank import Topology, simulated_rank
-from vllm_kimi_k3_moe.whole_model import (
+from vllm_kimi_k3_moe.tools.build import stand_ins as cpu_stand_ins
+from vllm_kimi_k3_moe.tools.build.rank import Topology, simulated_rank
+from vllm_kimi_k3_moe.tools.build.whole_model import (
     COMPONENTS,
     build_rank,
     kimi_moe_class,
     write_architecture,
 )
+from vllm_kimi_k3_moe.tools.plan.planner import plan
+from vllm_kimi_k3_moe.tools.text_config import (
+    KIMI_K3_MOE_TEXT_CONFIG,
+    KIMI_K3_TEXT_CONFIG,
+)
+from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 VOCAB = 163840
 HIDDEN = 7168

@@ -36,7 +36,7 @@ from collections.abc import Callable, Generator
 from types import ModuleType
 from typing import Any
 
-from vllm_kimi_k3_moe.method_wrapping import unwrap_method, wrap_method
+from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
 
 
 class _LastYielded:

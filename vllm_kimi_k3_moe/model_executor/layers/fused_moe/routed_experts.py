@@ -1,321 +1,223 @@
-"""Kimi-K3 routed experts load strictly: malformed or incomplete checkpoints fail.
+"""Kimi-K3 routed experts: each quantization method gets its kernel's smallest
+per-rank partition, never more than vLLM alone allocates, with a zero pad.
 
 Patch ledger entry
 ------------------
 Replaces
-    For the routed experts of each Kimi-K3 NVIDIA ``KimiMoE`` (main model and
-    MTP draft) in a format whose checkpoint layout is known
-    (``expert_tensor_layouts``: MXFP4 native and compressed-tensors, FP8
-    block, NVFP4 compressed-tensors and ModelOpt, INT4 W4A16, BF16): the
-    ``weight_loader`` attribute of each TP-sharded expert weight and scale
-    parameter (upstream: the bound ``RoutedExperts.weight_loader``) and the
-    layer's ``quant_method.process_weights_after_loading``. Both are instance
-    attributes; no vLLM class or other model is touched. Per-tensor scales
-    (NVFP4 global scales, W4A16 ``weight_shape``) load as upstream.
+    ``vllm.model_executor.layers.fused_moe.routed_experts.RoutedExperts.
+    _get_quant_method`` (class attribute; a wrapper that calls it). Only while
+    a Kimi-K3 NVIDIA ``KimiMoE`` is being built (main model and MTP draft)
+    does the wrapper act: it sets two instance attributes on the quantization
+    method it returns, ``maybe_roundup_sizes`` and ``create_weights``, which
+    defer to the method's own. Every other model's layers, and these methods
+    outside the build, behave as upstream.
 Why
-    vLLM 0.33.0's generic expert loader narrows or partially copies
-    wrong-sized checkpoint tensors without a word (an intermediate of 2048,
-    3000 or 4096 instead of 3072 loads "fine"), and nothing notices an expert
-    tensor that was never loaded: the layer then serves zeros or garbage for
-    that expert.
+    With the model-level padding gone (``vllm_kimi_k3_moe.models.kimi_k3.
+    nvidia.model``) each method receives the logical per-rank size (96 at
+    TP32). Only some own their padding: the FP8 block method refuses 96 and
+    192 (``create_weights``: not divisible by ``block_n`` 128) where vLLM
+    alone starts, the compressed-tensors MXFP4 method hands Marlin a 96 it
+    cannot run, and a method nobody has looked at may do anything. And vLLM
+    alone's pads are uninitialised memory for the methods that allocate with
+    ``torch.empty``: the kernel multiplies through them.
 How
-    Before upstream's loader runs, the checkpoint tensor's shape is compared
-    with the logical expert shape of its format (w1/w3
-    ``[moe_intermediate_size, hidden]``, w2 ``[hidden, moe_intermediate_size]``,
-    packed or grouped as the format stores them); a mismatch raises
-    ``ValueError`` naming the checkpoint tensor by its key in the checkpoint
-    (``vllm_kimi_k3_moe.model_executor.model_loader.default_loader``), the
-    expert and both shapes, before any byte is copied. Valid tensors are
-    handed on as they are. Each slice (expert x projection x TP-sharded
-    suffix) written on this rank is recorded;
-    a second write raises before copying. Just before the quantization method
-    post-processes the layer, slices never written raise ``ValueError``
-    listing them. A layer that received no expert tensor at all is left alone
-    unless another Kimi-K3 layer of the same model did (dummy weights,
-    tensorizer and pre-processed weight caches fill parameters without the
-    loader).
+    ``RoutedExperts.__init__`` asks the method's ``maybe_roundup_sizes`` for
+    the per-rank partition, then calls ``create_weights``. During a Kimi-K3
+    build the first answers, from the rules in
+    ``vllm_kimi_k3_moe.formats.partition_rules``: the
+    smallest partition the method's kernel accepts (each rule calls the vLLM
+    check that enforces it), never above what vLLM alone would allocate (the
+    method's own rounding of the model-level size). A method without a rule
+    gets exactly vLLM alone's partition. Where the model-level padding does
+    not apply (expert parallelism, TP sizes whose slice is at least 256) the
+    method's own answer is kept untouched. When the partition exceeds the
+    logical slice, ``create_weights`` zero-fills the per-expert tensors it
+    made before any weight is loaded (the loader writes only the logical
+    rows), so every pad is zero. Each process logs one line per method,
+    backend and partition.
 Related PR
-    None upstream: vLLM's generic loader has the same gap for every MoE model;
-    this plugin closes it for Kimi-K3, whose 1.5-2.8 TB checkpoints make a
-    silently wrong expert costly to find.
+    The same vLLM PR as the model patch: "Kimi-K3 NVIDIA: delegate regular
+    FusedMoE padding to the selected quantization backend" (its backends must
+    own their padding; in 0.33.0 not all do).
 Delete when
-    vLLM's ``RoutedExperts.weight_loader`` validates expert shapes and
-    completeness itself; re-check at every vLLM bump (the plugin refuses
-    anything but vLLM 0.33.x).
+    Together with the model patch, once every method Kimi-K3 is published for
+    pads for its own kernel in the vLLM release that ships that PR (the plugin
+    refuses anything but vLLM 0.33.x).
 """
 
 from __future__ import annotations
 
-import re
-import weakref
-from collections import defaultdict
+import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
-from torch import nn
 
-from vllm_kimi_k3_moe import expert_tensor_layouts as layouts
-from vllm_kimi_k3_moe.expert_tensor_layouts import ExpertTensorLayout
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.method_kinds import method_kind
-from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
-    checkpoint_key_of,
+from vllm_kimi_k3_moe.formats import partition_rules
+from vllm_kimi_k3_moe.formats.partition_rules import RoundUp
+from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
+    KimiMoEBuild,
+    current_kimi_moe_build,
 )
+from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
 
-# Expert parameters: "w13_weight_packed" -> (w13, weight_packed)
-_EXPERT_PARAMETER = re.compile(r"(w13|w2)_(\w+)")
-
-
-class ModelLoad:
-    """The Kimi-K3 expert layers of one model (built under one ``VllmConfig``):
-    whether the loader has handed any of them a checkpoint tensor yet."""
-
-    def __init__(self) -> None:
-        self.started = False
+logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
+_logged: set[str] = set()
 
 
-_model_loads: dict[int, ModelLoad] = {}
+@dataclass(frozen=True)
+class PartitionChoice:
+    """The per-rank partition of one Kimi-K3 routed-experts layer."""
 
+    method: str
+    backend: str
+    logical: int  # this rank's slice of moe_intermediate_size
+    upstream: int  # what vLLM 0.33.0 alone allocates
+    allocated: int  # what this plugin allocates
+    reason: str
 
-def model_load(vllm_config: Any) -> ModelLoad:
-    """The load state shared by every layer built under ``vllm_config``
-    (forgotten with it)."""
-    key = id(vllm_config)
-    load = _model_loads.get(key)
-    if load is None:
-        load = _model_loads[key] = ModelLoad()
-        weakref.finalize(vllm_config, _model_loads.pop, key, None)
-    return load
-
-
-@dataclass(frozen=True, order=True, slots=True)  # ~5k per layer while loading
-class ExpertSlice:
-    """One checkpoint tensor of one expert, as this rank holds it."""
-
-    expert_id: int
-    projection: str  # w1 (gate), w3 (up), w2 (down)
-    suffix: str  # as in the checkpoint: weight, weight_packed, weight_scale
-
-    def __str__(self) -> str:
-        return f"{self.expert_id}.{self.projection}.{self.suffix}"
-
-
-class StrictExpertLoading:
-    """Shape checks and a write ledger for one Kimi-K3 ``RoutedExperts``."""
-
-    def __init__(
-        self,
-        experts: nn.Module,
-        moe_intermediate_size: int,
-        format_name: str,
-        load: ModelLoad,
-    ) -> None:
-        self.experts = experts
-        self.load = load
-        self.layer_name: str = experts.layer_name
-        self.hidden_size: int = experts.moe_config.hidden_dim_unpadded
-        self.intermediate_size = moe_intermediate_size
-        self.format_name = format_name
-        # (projection, layout) of every checkpoint tensor an expert has here
-        self.expert_tensors: list[tuple[str, ExpertTensorLayout]] = []
-        self.written: set[ExpertSlice] = set()
-        # What this layer's keys start with in the checkpoint, once seen.
-        self.checkpoint_prefix = f"{self.layer_name}."
-
-    def checkpoint_name(self, expert_slice: ExpertSlice) -> str:
-        """This slice's key in the checkpoint (as far as this layer knows)."""
-        return f"{self.checkpoint_prefix}{expert_slice}"
-
-    def is_local(self, expert_id: int) -> bool:
-        return bool(self.experts.expert_map_manager.is_local_expert(expert_id))
-
-    def loader_for(self, layout: ExpertTensorLayout) -> Callable[..., Any]:
-        """The ``weight_loader`` for the expert parameter whose checkpoint
-        tensors are laid out as ``layout``."""
-
-        def weight_loader(
-            param: nn.Parameter,
-            loaded_weight: torch.Tensor,
-            weight_name: str,
-            shard_id: str,
-            expert_id: int,
-            return_success: bool = False,
-        ) -> bool | None:
-            expert_slice = ExpertSlice(expert_id, shard_id, layout.suffix)
-            # This model is loaded through the loader (on an EP rank, maybe
-            # none of its own experts): every layer is then held to the check.
-            self.load.started = True
-            self.learn_checkpoint_prefix(expert_slice, loaded_weight)
-            self.check_shape(expert_slice, layout, loaded_weight, weight_name)
-            local = self.is_local(expert_id)
-            if local and expert_slice in self.written:
-                raise ValueError(
-                    f"Kimi-K3 checkpoint tensor {self.checkpoint_name(expert_slice)}"
-                    f" (expert {expert_id}, into {weight_name}) is loaded a second"
-                    " time; the checkpoint must hold each expert tensor once."
-                )
-            result = self.experts.weight_loader(
-                param,
-                loaded_weight,
-                weight_name,
-                shard_id=shard_id,
-                expert_id=expert_id,
-                return_success=return_success,
-            )
-            if local:
-                self.written.add(expert_slice)
-            return result
-
-        return weight_loader
-
-    def learn_checkpoint_prefix(
-        self, expert_slice: ExpertSlice, loaded_weight: torch.Tensor
-    ) -> None:
-        key = checkpoint_key_of(loaded_weight)
-        if key is not None and key.endswith(f".{expert_slice}"):
-            self.checkpoint_prefix = key[: -len(str(expert_slice))]
-
-    def check_shape(
-        self,
-        expert_slice: ExpertSlice,
-        layout: ExpertTensorLayout,
-        loaded_weight: torch.Tensor,
-        weight_name: str,
-    ) -> None:
-        expected = layout.shape(
-            expert_slice.projection, self.hidden_size, self.intermediate_size
+    def log_line(self) -> str:
+        return (
+            f"vllm-kimi-k3-moe: Kimi-K3 routed experts on {self.method} "
+            f"({self.backend}): {self.allocated} intermediate rows per GPU "
+            f"(logical {self.logical}, vLLM alone {self.upstream}); {self.reason}"
         )
-        actual = tuple(loaded_weight.shape)
-        if actual != expected:
-            raise ValueError(
-                f"Kimi-K3 checkpoint tensor {self.checkpoint_name(expert_slice)} "
-                f"(expert {expert_slice.expert_id}, loaded into {weight_name}) has "
-                f"shape {actual}, expected {expected} for moe_intermediate_size="
-                f"{self.intermediate_size} and expert hidden size "
-                f"{self.hidden_size} in {self.format_name}."
+
+
+def choose_partition(
+    method: Any, build: KimiMoEBuild, hidden: int, asked: int, round_up: RoundUp
+) -> PartitionChoice:
+    """The partition for ``method``'s layer in ``build``: ``asked`` is what
+    the layer asks the method for, ``round_up(hidden, n)`` the method's own
+    rounding of a partition ``n``."""
+    logical = method.moe.intermediate_size_per_partition_unpadded
+    tp_size = method.moe.moe_parallel_config.tp_size
+    own = round_up(hidden, asked)
+    if build.model_level_size in (None, build.logical_size):
+        upstream, allocated = own, own
+        reason = "no model-level padding at this topology: as vLLM alone"
+    else:
+        # FusedMoEConfig.__post_init__: intermediate_size // tp_size, as vLLM
+        # alone computes it from the model-level size it is handed.
+        upstream = round_up(hidden, build.model_level_size // tp_size)
+        rule = partition_rules.rule_for(method)
+        if rule is None:
+            allocated = upstream
+            reason = "no rule for this method: vLLM alone's partition, zeroed"
+        else:
+            smallest = rule.smallest_partition(method, hidden, own, round_up, upstream)
+            allocated = min(smallest, upstream)
+            if rule.adopt is not None and allocated == smallest:
+                # e.g. FP8 blocks: at TP16 the 256 equals vLLM alone's, but
+                # only block-aligned loading puts the right scales in it
+                rule.adopt(method)
+            reason = f"smallest partition accepted ({rule.name})"
+    return PartitionChoice(
+        method=type(method).__name__,
+        backend=partition_rules.backend_name(method),
+        logical=logical,
+        upstream=upstream,
+        allocated=allocated,
+        reason=reason,
+    )
+
+
+def zero_expert_tensors(layer: torch.nn.Module) -> None:
+    """Zero every per-expert weight and scale tensor (``[experts, rows, cols]``
+    ``w13_*`` / ``w2_*``) of ``layer``: the loader fills the logical rows of
+    each from the checkpoint, the pad stays zero (weights and scales, so it
+    dequantizes to zero in every format, INT4's offset nibbles included)."""
+    for name, param in layer.named_parameters(recurse=False):
+        if name.startswith(("w13_", "w2_")) and param.dim() == 3:
+            param.data.zero_()
+
+
+def _install(method: Any, build: KimiMoEBuild) -> None:
+    """Give ``method`` Kimi-K3 sizing for the layer being built."""
+    own_round_up = method.maybe_roundup_sizes
+    own_create_weights = method.create_weights
+    choice: list[PartitionChoice] = []
+
+    @functools.wraps(own_round_up)
+    def maybe_roundup_sizes(
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        act_dtype: torch.dtype,
+        moe_parallel_config: Any,
+    ) -> tuple[int, int]:
+        if current_kimi_moe_build() is not build:
+            return own_round_up(
+                hidden_size,
+                intermediate_size_per_partition,
+                act_dtype,
+                moe_parallel_config,
             )
+        hidden = own_round_up(
+            hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config
+        )[0]
 
-    def expected_slices(self) -> set[ExpertSlice]:
-        """Every slice this rank must receive: its local experts' tensors."""
-        local = [e for e in range(self.experts.global_num_experts) if self.is_local(e)]
-        return {
-            ExpertSlice(expert, projection, layout.suffix)
-            for projection, layout in self.expert_tensors
-            for expert in local
-        }
+        def round_up(hidden: int, n: int) -> int:
+            return own_round_up(hidden, n, act_dtype, moe_parallel_config)[1]
 
-    def missing(self) -> list[ExpertSlice]:
-        return sorted(self.expected_slices() - self.written)
-
-    def check_complete(self) -> None:
-        """Raise ``ValueError`` listing the expert tensors never loaded."""
-        if not self.written and not self.load.started:
-            return  # Filled without the loader (dummy, tensorizer, caches).
-        missing = self.missing()
-        if missing:
-            raise ValueError(
-                f"Kimi-K3 layer {self.checkpoint_prefix.rstrip('.')}: "
-                f"{len(missing)} routed-expert checkpoint tensors were never "
-                f"loaded: {_describe(missing)}. The checkpoint is incomplete."
+        choice[:] = [
+            choose_partition(
+                method, build, hidden, intermediate_size_per_partition, round_up
             )
+        ]
+        line = choice[0].log_line()
+        if line not in _logged:
+            _logged.add(line)
+            logger.info(line)
+        return hidden, choice[0].allocated
 
-
-def _describe(missing: list[ExpertSlice], max_experts: int = 16) -> str:
-    by_expert: dict[int, list[str]] = defaultdict(list)
-    for expert_slice in missing:
-        by_expert[expert_slice.expert_id].append(
-            f"{expert_slice.projection}.{expert_slice.suffix}"
+    @functools.wraps(own_create_weights)
+    def create_weights(
+        layer: torch.nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        own_create_weights(
+            layer,
+            num_experts,
+            hidden_size,
+            intermediate_size_per_partition,
+            params_dtype,
+            **extra_weight_attrs,
         )
-    shown = [
-        f"expert {expert} ({', '.join(tensors)})"
-        for expert, tensors in list(by_expert.items())[:max_experts]
-    ]
-    if len(by_expert) > max_experts:
-        shown.append(f"and {len(by_expert) - max_experts} more experts")
-    return "; ".join(shown)
+        if (
+            current_kimi_moe_build() is build
+            and choice
+            and choice[0].allocated != choice[0].logical
+        ):
+            zero_expert_tensors(layer)
+
+    method.maybe_roundup_sizes = maybe_roundup_sizes
+    method.create_weights = create_weights
 
 
-def expert_layouts(method: Any) -> tuple[str, dict[str, ExpertTensorLayout]] | None:
-    """The checkpoint format of ``method``'s experts and, per expert parameter
-    suffix (``w13_<suffix>``), the layout of the checkpoint tensors it loads;
-    None for a method whose checkpoint layout the plugin does not know."""
-    kind = method_kind(method)
-    if kind == "native-mxfp4":
-        # Native MXFP4 names its packed parameter w13_weight; the loader
-        # renames the checkpoint's weight_packed to it.
-        packed, scale = layouts.mxfp4()
-        return "MXFP4", {"weight": packed, "weight_scale": scale}
-    if kind == "ct-mxfp4":
-        return "MXFP4", _by_suffix(layouts.mxfp4())
-    if kind == "ct-fp8-block":
-        block_out, block_in = method.weight_block_size
-        return "FP8 block", _by_suffix(layouts.fp8_block(block_out, block_in))
-    if kind == "ct-nvfp4":
-        return "NVFP4", _by_suffix(layouts.nvfp4("weight_packed"))
-    if kind == "modelopt-nvfp4":
-        return "ModelOpt NVFP4", _by_suffix(layouts.nvfp4("weight"))
-    if kind == "ct-wna16":
-        bits = method.num_bits
-        return f"INT{bits} W{bits}A16", _by_suffix(
-            layouts.int_packed(bits, method.group_size)
-        )
-    if kind == "bf16":
-        return "BF16", _by_suffix(layouts.unquantized())
-    return None  # native FP8 and unknown methods: layout not known here
+def _kimi_k3_get_quant_method(own: Callable) -> Callable:
+    @functools.wraps(own)
+    def _get_quant_method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        method = own(self, *args, **kwargs)
+        build = current_kimi_moe_build()
+        if build is not None:
+            _install(method, build)
+        return method
+
+    return _get_quant_method
 
 
-def _by_suffix(
-    tensor_layouts: tuple[ExpertTensorLayout, ...],
-) -> dict[str, ExpertTensorLayout]:
-    return {layout.suffix: layout for layout in tensor_layouts}
+def apply(upstream: ModuleType) -> None:
+    """Install the patch into the imported upstream module (idempotent)."""
+    wrap_method(upstream.RoutedExperts, "_get_quant_method", _kimi_k3_get_quant_method)
 
 
-def make_expert_loading_strict(
-    kimi_moe: nn.Module, moe_intermediate_size: int, vllm_config: Any
-) -> None:
-    """Install strict loading on the routed experts inside ``kimi_moe``, one
-    layer of the model built under ``vllm_config``."""
-    from vllm.model_executor.layers.fused_moe import RoutedExperts
-
-    for experts in kimi_moe.modules():
-        if isinstance(experts, RoutedExperts):
-            known = expert_layouts(experts.quant_method)
-            if known is not None:
-                format_name, layouts_by_suffix = known
-                loading = StrictExpertLoading(
-                    experts, moe_intermediate_size, format_name, model_load(vllm_config)
-                )
-                _install(experts, loading, layouts_by_suffix)
-
-
-def _install(
-    experts: nn.Module,
-    loading: StrictExpertLoading,
-    by_parameter_suffix: dict[str, ExpertTensorLayout],
-) -> None:
-    for name, param in experts.named_parameters(recurse=False):
-        match = _EXPERT_PARAMETER.fullmatch(name)
-        if match is None or match.group(2) not in by_parameter_suffix:
-            continue
-        stem, suffix = match.groups()
-        layout = by_parameter_suffix[suffix]
-        projections = ("w1", "w3") if stem == "w13" else ("w2",)
-        loading.expert_tensors += [(projection, layout) for projection in projections]
-        param.weight_loader = loading.loader_for(layout)
-
-    quant_method = experts.quant_method
-    process_weights = quant_method.process_weights_after_loading
-
-    def process_weights_after_loading(layer: nn.Module) -> None:
-        loading.check_complete()
-        loading.written.clear()  # A later reload starts a fresh ledger.
-        process_weights(layer)
-
-    quant_method.process_weights_after_loading = process_weights_after_loading
-    experts.kimi_k3_expert_loading = loading
-
-
-def expert_loading(experts: nn.Module) -> StrictExpertLoading | None:
-    """The strict-loading ledger of a Kimi-K3 ``RoutedExperts``, if installed."""
-    return getattr(experts, "kimi_k3_expert_loading", None)
+def revert(upstream: ModuleType) -> None:
+    """Put upstream's own ``_get_quant_method`` back (idempotent)."""
+    unwrap_method(upstream.RoutedExperts, "_get_quant_method")

@@ -27,7 +27,7 @@ How
     model-level value again, which MegaMoE (``DeepGemmMegaMoEExperts``,
     expert parallel only, where the two are equal) keeps consuming. The
     per-rank partition each quantization method then allocates is chosen in
-    ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts_partition``
+    ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts``
     from the build recorded here (logical and model-level size).
     ``vllm.models.kimi_k3.amd`` is never touched.
 Related PR
@@ -84,9 +84,11 @@ class BackendPaddedKimiMoE:
         finally:
             _current_build.reset(token)
         self.__dict__["_model_level_moe_intermediate_size"] = build.model_level_size
-        from vllm_kimi_k3_moe.model_executor.layers.fused_moe import routed_experts
+        from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
+            strict_expert_loading,
+        )
 
-        routed_experts.make_expert_loading_strict(
+        strict_expert_loading.make_expert_loading_strict(
             self, config.moe_intermediate_size, vllm_config
         )
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.deployment import Deployment, Serving
-from vllm_kimi_k3_moe.kimi_k3_text_config import main_moe_layers
-from vllm_kimi_k3_moe.plan import LayerAllocation
+from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.text_config import main_moe_layers
+from vllm_kimi_k3_moe.tools.plan.planner import LayerAllocation
 
 COMPONENTS = (
     "embeddings",
@@ -87,7 +87,7 @@ def allocation_of(model: Any, kda_layer: Callable[[int], bool]) -> ModelAllocati
 def kimi_moe_class(model_module: Any, kimi_moe_cls: type) -> Iterator[None]:
     """Make ``KimiDecoderLayer`` build ``kimi_moe_cls``: it looks ``KimiMoE``
     up as a global of vLLM's model module when it builds. Restored on exit."""
-    from vllm_kimi_k3_moe.simulated_rank import replaced_attributes
+    from vllm_kimi_k3_moe.tools.build.rank import replaced_attributes
 
     with replaced_attributes(model_module, KimiMoE=kimi_moe_cls):
         yield
@@ -103,7 +103,7 @@ def write_architecture(
     (``kimi_linear``, bfloat16) with the quantization config of
     ``deployment``'s published format to ``directory``, and return the
     directory: vLLM resolves the format from it as from a checkpoint's."""
-    from vllm_kimi_k3_moe.published_formats import quantization_config
+    from vllm_kimi_k3_moe.formats.published_configs import quantization_config
 
     document = {
         **text_config,
@@ -141,7 +141,7 @@ def server_vllm_config(
         VllmConfig,
     )
 
-    from vllm_kimi_k3_moe.simulated_rank import moe_backend_setting
+    from vllm_kimi_k3_moe.tools.build.rank import moe_backend_setting
 
     vllm_config = VllmConfig(
         model_config=ModelConfig(
@@ -200,8 +200,8 @@ def build_rank(
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
     import vllm_kimi_k3_moe
-    from vllm_kimi_k3_moe.cpu_stand_ins import whole_model_on_cpu
-    from vllm_kimi_k3_moe.simulated_rank import rank_zero_of
+    from vllm_kimi_k3_moe.tools.build.stand_ins import whole_model_on_cpu
+    from vllm_kimi_k3_moe.tools.build.rank import rank_zero_of
 
     model_module = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
     with (

@@ -72,7 +72,7 @@ class KvCachePlanner:
         )
         from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
 
-        from vllm_kimi_k3_moe.cpu_stand_ins import kda_prefill_kernel_of_the_gpu
+        from vllm_kimi_k3_moe.tools.build.stand_ins import kda_prefill_kernel_of_the_gpu
 
         self.vllm_config = vllm_config
         kda_prefill_kernel_of_the_gpu(vllm_config)

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from vllm_kimi_k3_moe.simulated_rank import replaced_attributes
+from vllm_kimi_k3_moe.tools.build.rank import replaced_attributes
 
 
 class CudaStreamStandIn:

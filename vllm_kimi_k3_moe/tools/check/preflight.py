@@ -16,25 +16,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.checkpoint_formats import FormatError, checkpoint_format
-from vllm_kimi_k3_moe.deployment import (
-    DeploymentError,
-    Parallelism,
-    validate_backend,
-    validate_parallelism,
+from vllm_kimi_k3_moe.formats.layouts import PROJECTIONS, CheckpointFormat
+from vllm_kimi_k3_moe.formats.recognition import FormatError, checkpoint_format
+from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
+    CheckpointDirError,
+    CheckpointTensors,
+    read_checkpoint_tensors,
 )
-from vllm_kimi_k3_moe.expert_tensor_layouts import PROJECTIONS, CheckpointFormat
-from vllm_kimi_k3_moe.kimi_k3_text_config import (
+from vllm_kimi_k3_moe.tools.text_config import (
     ConfigFileError,
     main_moe_layers,
     mtp_moe_layers,
     read_config_document,
     text_config_fields,
 )
-from vllm_kimi_k3_moe.safetensors_headers import (
-    CheckpointDirError,
-    CheckpointTensors,
-    read_checkpoint_tensors,
+from vllm_kimi_k3_moe.tools.topology import (
+    DeploymentError,
+    Parallelism,
+    validate_backend,
+    validate_parallelism,
 )
 
 CONFIG_FILE = "config.json"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from vllm_kimi_k3_moe.expert_tensor_layouts import MXFP4_BLOCK
+from vllm_kimi_k3_moe.formats.layouts import MXFP4_BLOCK
 
 # The formats Kimi-K3 is published in, as ``plan --quantization`` names them:
 # vLLM's two MXFP4 MoE paths, native MXFP4 (the released mxfp4-pack-quantized

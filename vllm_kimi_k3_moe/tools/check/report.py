@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from vllm_kimi_k3_moe.checkpoint_preflight import PreflightReport, layer_ranges
-from vllm_kimi_k3_moe.expert_tensor_layouts import PROJECTIONS
-from vllm_kimi_k3_moe.plan import MoeMemoryPlan
+from vllm_kimi_k3_moe.formats.layouts import PROJECTIONS
+from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport, layer_ranges
+from vllm_kimi_k3_moe.tools.plan.planner import MoeMemoryPlan
 
 
 def _bytes(count: int) -> str:

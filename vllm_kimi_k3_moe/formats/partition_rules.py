@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.method_kinds import method_kind
+from vllm_kimi_k3_moe.formats.method_kinds import method_kind
 
 RoundUp = Callable[[int, int], int]  # (hidden, n) -> the method's own n'
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from vllm_kimi_k3_moe.deployment import (
+from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.text_config import moe_layer_count
+from vllm_kimi_k3_moe.tools.topology import (
     Deployment,
     Serving,
     validate,
@@ -24,12 +26,10 @@ from vllm_kimi_k3_moe.deployment import (
     validate_parallelism,
     validate_serving,
 )
-from vllm_kimi_k3_moe.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.kimi_k3_text_config import moe_layer_count
 
 if TYPE_CHECKING:
-    from vllm_kimi_k3_moe.kv_cache import KvCacheShape, KvCapacity
-    from vllm_kimi_k3_moe.whole_model import ModelAllocation
+    from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape, KvCapacity
+    from vllm_kimi_k3_moe.tools.build.whole_model import ModelAllocation
 
 ROUTED_PARAMETERS = ("experts.routed_experts.w13_", "experts.routed_experts.w2_")
 SHARED_PARAMETERS = ("shared_experts.",)
@@ -123,7 +123,7 @@ class MoeMemoryPlan:
 def _build(kimi_moe_cls: type, text_config: dict[str, Any], deployment: Deployment):
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
-    from vllm_kimi_k3_moe.simulated_rank import (
+    from vllm_kimi_k3_moe.tools.build.rank import (
         build_kimi_moe_layer,
         rank_vllm_config,
         rank_zero_of,
@@ -243,8 +243,8 @@ def plan_deployment(
     import tempfile
     from pathlib import Path
 
-    from vllm_kimi_k3_moe.kv_cache import KvCachePlanner
-    from vllm_kimi_k3_moe.whole_model import build_rank, write_architecture
+    from vllm_kimi_k3_moe.tools.build.kv_cache import KvCachePlanner
+    from vllm_kimi_k3_moe.tools.build.whole_model import build_rank, write_architecture
 
     serving = serving or Serving()
     validate(text_config, deployment)

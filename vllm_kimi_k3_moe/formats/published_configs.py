@@ -36,7 +36,7 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_kimi_k3_moe.simulated_rank import MXFP4_WEIGHT_ARGS
+from vllm_kimi_k3_moe.tools.build.rank import MXFP4_WEIGHT_ARGS
 
 MXFP4_WEIGHTS = MXFP4_WEIGHT_ARGS
 FP8_BLOCK_WEIGHTS = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vllm_kimi_k3_moe import expert_tensor_layouts as layouts
-from vllm_kimi_k3_moe.expert_tensor_layouts import CheckpointFormat, ExpertScalar
+from vllm_kimi_k3_moe.formats import layouts
+from vllm_kimi_k3_moe.formats.layouts import CheckpointFormat, ExpertScalar
 
 # A routed expert's module name as compressed-tensors matches its targets.
 EXPERT_MODULE = "language_model.model.layers.1.block_sparse_moe.experts.0.w1"

@@ -24,7 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from vllm_kimi_k3_moe.deployment import (
+from vllm_kimi_k3_moe.tools.gpu_budget import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_RESERVE_GIB,
+    BudgetError,
+    GpuBudget,
+)
+from vllm_kimi_k3_moe.tools.text_config import (
+    KIMI_K3_TEXT_CONFIG,
+    ConfigFileError,
+    read_language_model_config,
+)
+from vllm_kimi_k3_moe.tools.topology import (
     BACKENDS,
     DEFAULT_MAX_MODEL_LEN,
     KV_CACHE_DTYPES,
@@ -36,20 +47,9 @@ from vllm_kimi_k3_moe.deployment import (
     validate,
     validate_serving,
 )
-from vllm_kimi_k3_moe.gpu_budget import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_RESERVE_GIB,
-    BudgetError,
-    GpuBudget,
-)
-from vllm_kimi_k3_moe.kimi_k3_text_config import (
-    KIMI_K3_TEXT_CONFIG,
-    ConfigFileError,
-    read_language_model_config,
-)
 
 if TYPE_CHECKING:
-    from vllm_kimi_k3_moe.checkpoint_preflight import PreflightReport
+    from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport
 
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -70,7 +70,7 @@ class _PrintVersion(argparse.Action):
     own version action, the metadata is read only when asked."""
 
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
-        from vllm_kimi_k3_moe.version_report import version_report
+        from vllm_kimi_k3_moe.tools.cli.version import version_report
 
         print(version_report())
         parser.exit()
@@ -294,8 +294,8 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
 def run_plan(args: argparse.Namespace) -> int:
     asked = _plan_input(args)
     _send_vllm_logs_to_stderr()
-    from vllm_kimi_k3_moe.plan import PlanError, plan_deployment
-    from vllm_kimi_k3_moe.plan_report import as_json, table
+    from vllm_kimi_k3_moe.tools.plan.planner import PlanError, plan_deployment
+    from vllm_kimi_k3_moe.tools.plan.report import as_json, table
 
     plans = []
     count = len(asked.deployments)
@@ -367,8 +367,8 @@ def add_check_command(commands: Subcommands) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     # Imported here: plan needs neither them nor the shard-header reader.
-    from vllm_kimi_k3_moe.checkpoint_preflight import PreflightInputError, preflight
-    from vllm_kimi_k3_moe.checkpoint_report import summary, verdict
+    from vllm_kimi_k3_moe.tools.check.preflight import PreflightInputError, preflight
+    from vllm_kimi_k3_moe.tools.check.report import summary, verdict
 
     parallelism = Parallelism(args.tp_size, args.dp_size, args.expert_parallel)
     backend = None if args.moe_backend is None else args.moe_backend.lower()
@@ -390,8 +390,8 @@ def _print_vllm_allocation(report: PreflightReport, backend: str) -> None:
     deployment, upstream and with the plugin (imports vLLM)."""
     print(f"building vLLM's MoE layer for {backend} ...", file=sys.stderr)
     _send_vllm_logs_to_stderr()
-    from vllm_kimi_k3_moe.checkpoint_report import allocation
-    from vllm_kimi_k3_moe.plan import PlanError, plan
+    from vllm_kimi_k3_moe.tools.check.report import allocation
+    from vllm_kimi_k3_moe.tools.plan.planner import PlanError, plan
 
     deployment = Deployment(
         tp_size=report.parallelism.tp_size,

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_kimi_k3_moe.deployment import MXFP4_PATHS
+from vllm_kimi_k3_moe.tools.topology import MXFP4_PATHS
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def rank_zero_of(deployment: Any) -> Iterator[Topology]:
     import torch
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    from vllm_kimi_k3_moe.cpu_stand_ins import moe_kernels_on_their_gpu
+    from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
 
     topology = Topology(
         deployment.tp_size,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from vllm_kimi_k3_moe.plan import DeploymentPlan
+from vllm_kimi_k3_moe.tools.plan.planner import DeploymentPlan
 
 GB = 10**9
 
