@@ -7,7 +7,7 @@ plus the other per-layer tensors) and whose data sections are sparse files of
 their full size (terabytes apparent, ~100-300 MB on disk). Then runs the
 installed ``vllm-kimi-k3-moe check`` on it in fresh processes and checks it
 found the checkpoint clean. Formats: ``mxfp4`` (the release, the default),
-``ct-fp8-block`` (about 2.8 TB), ``ct-nvfp4`` (four tensors per projection).
+``fp8-block`` (about 2.8 TB), ``nvfp4`` (four tensors per projection).
 
     python -m benchmarks.check_time [RUNS] [FORMAT]    # from the repo root
 """

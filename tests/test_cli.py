@@ -22,7 +22,7 @@ from vllm_kimi_k3_moe.tools import cli
 
 REPO = Path(__file__).parents[1]
 SUPPORTED_SERIES = "0.33.x"  # compat.SUPPORTED_VLLM_SERIES
-INSTALLED_VLLM = "0.33.0"  # pyproject.toml pins vllm==0.33.0
+INSTALLED_VLLM = "0.33.0"  # .ci/constraints.txt pins vllm==0.33.0
 HEAVY = ("torch", "vllm")  # each takes seconds to import
 
 # Runs the command line in a fresh interpreter, then reports on stderr which
@@ -104,19 +104,19 @@ def test_check_without_moe_backend_imports_neither_torch_nor_vllm(
 
 
 @pytest.mark.parametrize(
-    ("argv", "run", "parsed"),
+    ("argv", "subcommand", "parsed"),
     [
-        (["plan", "--tp", "8", "32"], "run_plan", {"tp_sizes": [8, 32]}),
-        (["check", "ckpt", "--ep"], "run_check", {"expert_parallel": True}),
+        (["plan", "--tp", "8", "32"], cli.plan, {"tp_sizes": [8, 32]}),
+        (["check", "ckpt", "--ep"], cli.check, {"expert_parallel": True}),
     ],
 )
 def test_main_runs_the_function_the_subcommand_names(
-    monkeypatch, argv, run, parsed
+    monkeypatch, argv, subcommand, parsed
 ) -> None:
     """Each subcommand's parser names its run function; main calls it with
     the parsed arguments and returns its status."""
     calls = []
-    monkeypatch.setattr(cli, run, lambda args: calls.append(args) or 7)
+    monkeypatch.setattr(subcommand, "run", lambda args: calls.append(args) or 7)
     assert cli.main(argv) == 7
     (args,) = calls
     for name, value in parsed.items():

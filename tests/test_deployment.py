@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
 from vllm_kimi_k3_moe.tools.topology import (
     Deployment,
     DeploymentError,
-    Parallelism,
+    Topology,
     validate,
 )
 
@@ -18,13 +18,25 @@ NUM_EXPERTS = 896
 
 
 @pytest.mark.parametrize(
-    ("parallelism", "short", "subject", "product", "sentence"),
+    ("topology", "short", "subject", "product", "sentence"),
     [
-        (Parallelism(32), "TP32", "TP32 DP1", "TP 32 x DP 1", "TP32 without"),
-        (Parallelism(8, 4), "TP8 DP4", "TP8 DP4", "TP 8 x DP 4", "TP8 x DP4 without"),
-        (Parallelism(32, 1, True), "TP32 EP", "TP32 DP1", "TP 32 x DP 1", "TP32 with"),
+        (Topology(32), "TP32", "TP32 DP1", "TP 32 x DP 1", "TP32 without"),
         (
-            Parallelism(8, 4, True),
+            Topology(8, dp_size=4),
+            "TP8 DP4",
+            "TP8 DP4",
+            "TP 8 x DP 4",
+            "TP8 x DP4 without",
+        ),
+        (
+            Topology(32, dp_size=1, expert_parallel=True),
+            "TP32 EP",
+            "TP32 DP1",
+            "TP 32 x DP 1",
+            "TP32 with",
+        ),
+        (
+            Topology(8, dp_size=4, expert_parallel=True),
             "TP8 DP4 EP",
             "TP8 DP4",
             "TP 8 x DP 4",
@@ -32,11 +44,11 @@ NUM_EXPERTS = 896
         ),
     ],
 )
-def test_label_styles(parallelism, short, subject, product, sentence) -> None:
-    assert parallelism.label() == short
-    assert parallelism.label("subject") == subject
-    assert parallelism.label("product") == product
-    assert parallelism.label("sentence") == f"{sentence} expert parallelism"
+def test_label_styles(topology, short, subject, product, sentence) -> None:
+    assert topology.label() == short
+    assert topology.label("subject") == subject
+    assert topology.label("product") == product
+    assert topology.label("sentence") == f"{sentence} expert parallelism"
 
 
 def test_a_deployment_is_named_by_its_topology() -> None:
@@ -46,18 +58,22 @@ def test_a_deployment_is_named_by_its_topology() -> None:
 
 
 @pytest.mark.parametrize(
-    ("parallelism", "experts", "intermediate"),
+    ("topology", "experts", "intermediate"),
     [
-        (Parallelism(8), NUM_EXPERTS, 384),
-        (Parallelism(32), NUM_EXPERTS, 96),  # 3072 // 32
-        (Parallelism(8, 4), NUM_EXPERTS, 96),  # DP without EP shards over 32 GPUs
-        (Parallelism(32, 1, True), 28, INTERMEDIATE),  # 896 // 32 whole experts
-        (Parallelism(4, 2, True), 112, INTERMEDIATE),
+        (Topology(8), NUM_EXPERTS, 384),
+        (Topology(32), NUM_EXPERTS, 96),  # 3072 // 32
+        (Topology(8, dp_size=4), NUM_EXPERTS, 96),  # DP without EP shards over 32 GPUs
+        (
+            Topology(32, dp_size=1, expert_parallel=True),
+            28,
+            INTERMEDIATE,
+        ),  # 896 // 32 whole experts
+        (Topology(4, dp_size=2, expert_parallel=True), 112, INTERMEDIATE),
     ],
 )
-def test_each_gpus_share(parallelism, experts, intermediate) -> None:
-    assert parallelism.experts_per_gpu(NUM_EXPERTS) == experts
-    assert parallelism.intermediate_per_gpu(INTERMEDIATE) == intermediate
+def test_each_gpus_share(topology, experts, intermediate) -> None:
+    assert topology.experts_per_gpu(NUM_EXPERTS) == experts
+    assert topology.intermediate_per_gpu(INTERMEDIATE) == intermediate
 
 
 @pytest.mark.parametrize(
@@ -72,7 +88,7 @@ def test_each_gpus_share(parallelism, experts, intermediate) -> None:
 )
 def test_what_cannot_be_sized_is_refused(deployment, words) -> None:
     with pytest.raises(DeploymentError) as refused:
-        validate(KIMI_K3_MOE_TEXT_CONFIG, deployment)
+        validate(KIMI_K3_MOE_FIELDS, deployment)
     assert "\n" not in str(refused.value)
     for word in words:
         assert word in str(refused.value)

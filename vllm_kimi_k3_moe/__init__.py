@@ -1,6 +1,7 @@
 """vLLM general plugin: Kimi-K3 routed experts padded by their quantization backend.
 
-Patch index (each module opens with its full ledger entry):
+Patch index, in the order the patches apply (each module opens with its full
+ledger entry; each applies and reverts on its own):
 
 ``vllm_kimi_k3_moe.models.kimi_k3.nvidia.model``
     ``vllm.models.kimi_k3.nvidia.model.KimiMoE``: regular (non-MegaMoE)
@@ -11,20 +12,25 @@ Patch index (each module opens with its full ledger entry):
 ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts``
     ``RoutedExperts._get_quant_method``: inside a Kimi-K3 ``KimiMoE`` only,
     each quantization method allocates the smallest per-rank partition its
-    kernel accepts (rules in ``partition_rules``), never more than vLLM
-    alone, with a zero pad; a method without a rule keeps vLLM alone's
-    partition. Delete with the model patch.
+    kernel accepts (its format's rule in ``vllm_kimi_k3_moe.formats``), never
+    more than vLLM alone, with a zero pad; a method without a rule keeps vLLM
+    alone's partition. Delete with the model patch.
 
 ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading``
-    Kimi-K3 routed-expert parameters' ``weight_loader``: refuses checkpoint
-    tensors of the wrong shape, duplicated and never-loaded expert tensors,
-    in every format whose layout it knows. Delete when vLLM's expert loader
-    validates these itself.
+    ``vllm.models.kimi_k3.nvidia.model.KimiMoE``: its routed-expert
+    parameters' ``weight_loader`` refuses checkpoint tensors of the wrong
+    shape or dtype, duplicated and never-loaded expert tensors, in every
+    format the registry knows. Delete when vLLM's expert loader validates
+    these itself (independent of the padding patches).
 
 ``vllm_kimi_k3_moe.model_executor.model_loader.default_loader``
     ``DefaultModelLoader.get_all_weights``: remembers the checkpoint key of
     the tensor being loaded, so loading errors name it as the checkpoint
     does. Delete with the strict expert loader.
+
+The offline tools (``vllm_kimi_k3_moe.tools``) are never imported by a
+serving process; their temporary stand-ins for vLLM internals have their own
+ledger in ``vllm_kimi_k3_moe.tools.build``.
 
 ``register()`` only installs an import hook: the patches apply when vLLM imports
 the Kimi-K3 NVIDIA model module, in whichever process does so. ``unregister()``
@@ -55,6 +61,7 @@ import logging
 import sys
 from types import ModuleType
 
+from vllm_kimi_k3_moe.compat import kimi_k3_platform_refusal, vllm_version_refusal
 from vllm_kimi_k3_moe.import_hooks import call_after_import, remove_after_import
 
 __all__ = ["register", "unregister"]
@@ -66,12 +73,16 @@ KIMI_K3_PACKAGE = "vllm.models.kimi_k3"
 KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
 ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
 DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
-# vLLM module -> the plugin module that patches it (apply / revert).
-PATCHES = {
-    KIMI_K3_NVIDIA_MODEL: "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model",
-    ROUTED_EXPERTS: ("vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts"),
-    DEFAULT_LOADER: "vllm_kimi_k3_moe.model_executor.model_loader.default_loader",
-}
+# (vLLM module patched, plugin module with its apply / revert), in order.
+PATCHES: tuple[tuple[str, str], ...] = (
+    (KIMI_K3_NVIDIA_MODEL, "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model"),
+    (ROUTED_EXPERTS, "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts"),
+    (
+        KIMI_K3_NVIDIA_MODEL,
+        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading",
+    ),
+    (DEFAULT_LOADER, "vllm_kimi_k3_moe.model_executor.model_loader.default_loader"),
+)
 
 _registered = False
 _warned: set[str] = set()
@@ -85,26 +96,33 @@ def _warn_once(message: str) -> None:
 
 def _warned_platform_refusal(_module: ModuleType | None = None) -> bool:
     """Log why this platform is not patched, if it is not; say so."""
-    from vllm_kimi_k3_moe.compat import kimi_k3_platform_refusal
-
     refusal = kimi_k3_platform_refusal()
     if refusal is not None:
         _warn_once(refusal)
     return refusal is not None
 
 
-def _apply(module: ModuleType) -> None:
-    importlib.import_module(PATCHES[module.__name__]).apply(module)
+class _ApplyPatch:
+    """The import hook that applies one patch module to its vLLM module."""
+
+    def __init__(self, patch: str) -> None:
+        self.patch = patch
+
+    def __call__(self, module: ModuleType) -> None:
+        importlib.import_module(self.patch).apply(module)
 
 
-def _patch_nvidia_model(module: ModuleType) -> None:
+_APPLY = {patch: _ApplyPatch(patch) for _, patch in PATCHES}
+
+
+def _patch_when_imported(_nvidia_model: ModuleType) -> None:
+    """vLLM imported its Kimi-K3 NVIDIA model: apply every patch, each as
+    soon as the module it patches is imported (the model module imports
+    vLLM's fused MoE package and model loaders: these apply now)."""
     if _warned_platform_refusal():
         return
-    _apply(module)
-    # The model module imports vLLM's fused MoE package and model loaders:
-    # these run now.
-    call_after_import(ROUTED_EXPERTS, _apply)
-    call_after_import(DEFAULT_LOADER, _apply)
+    for module, patch in PATCHES:
+        call_after_import(module, _APPLY[patch])
 
 
 def register() -> None:
@@ -114,15 +132,13 @@ def register() -> None:
         return
     _registered = True
 
-    from vllm_kimi_k3_moe.compat import vllm_version_refusal
-
     refusal = vllm_version_refusal()
     if refusal is not None:
         _warn_once(refusal)
         return
     # The package hook reports platforms that never import the NVIDIA model.
     call_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
-    call_after_import(KIMI_K3_NVIDIA_MODEL, _patch_nvidia_model)
+    call_after_import(KIMI_K3_NVIDIA_MODEL, _patch_when_imported)
 
 
 def unregister() -> None:
@@ -131,10 +147,9 @@ def unregister() -> None:
     before keep what they were built with."""
     global _registered
     remove_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
-    remove_after_import(KIMI_K3_NVIDIA_MODEL, _patch_nvidia_model)
-    remove_after_import(ROUTED_EXPERTS, _apply)
-    remove_after_import(DEFAULT_LOADER, _apply)
-    for module_name, patch_name in PATCHES.items():
+    remove_after_import(KIMI_K3_NVIDIA_MODEL, _patch_when_imported)
+    for module_name, patch_name in reversed(PATCHES):
+        remove_after_import(module_name, _APPLY[patch_name])
         module = sys.modules.get(module_name)
         if module is not None and patch_name in sys.modules:
             sys.modules[patch_name].revert(module)

@@ -6,8 +6,14 @@ plugin logs instead of patching.
 
 from __future__ import annotations
 
-# The patches rewrite private construction details of these releases only.
-SUPPORTED_VLLM_SERIES = (0, 33)
+# The one place the supported vLLM is named. The patches rewrite private
+# construction details of the release they were written and tested against;
+# the plugin accepts its series (major.minor), which pyproject.toml's vllm
+# requirement admits exactly (a test ties the two). Every message naming
+# vLLM derives from these.
+TESTED_VLLM_RELEASE = "0.33.0"
+SUPPORTED_VLLM_SERIES = tuple(int(n) for n in TESTED_VLLM_RELEASE.split(".")[:2])
+VLLM = f"vLLM {TESTED_VLLM_RELEASE}"  # as messages name it
 
 
 def supported_vllm_series() -> str:

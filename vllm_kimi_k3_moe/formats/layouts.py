@@ -1,8 +1,8 @@
-"""How one Kimi-K3 routed expert is stored in each checkpoint format.
+"""How one routed expert projection is stored in a checkpoint: value types.
 
 Plain Python (no torch, no vLLM), so the checkpoint preflight can use it
 without paying for either import; the strict expert loader checks the same
-shapes on the tensors it receives.
+records on the tensors it receives.
 
 Vocabulary: a *projection* is w1 (gate), w3 (up) or w2 (down); a *suffix* is
 what follows it in a checkpoint key (``weight``, ``weight_packed``,
@@ -18,9 +18,25 @@ import math
 from dataclasses import dataclass
 
 PROJECTIONS = ("w1", "w3", "w2")  # gate, up, down
-MXFP4_VALUES_PER_BYTE = 2  # two 4-bit values per packed byte
-MXFP4_BLOCK = 32  # one E8M0 scale byte per 32 values
 SCALE = "weight_scale"
+FLOAT_SCALES = ("BF16", "F16", "F32")  # scales stored in a float dtype
+
+# safetensors dtype -> the torch dtype a loaded tensor of it has (by name:
+# this module imports no torch).
+TORCH_DTYPE_NAMES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "I32": "int32",
+    "I64": "int64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+}
 
 
 @dataclass(frozen=True)
@@ -43,47 +59,6 @@ class ExpertTensorLayout:
         )
 
 
-FLOAT_SCALES = ("BF16", "F16", "F32")  # scales stored in a float dtype
-
-
-def mxfp4() -> tuple[ExpertTensorLayout, ...]:
-    """FP4 packed two per byte, one E8M0 scale byte per 32 values."""
-    return (
-        ExpertTensorLayout("weight_packed", MXFP4_VALUES_PER_BYTE, dtypes=("U8",)),
-        ExpertTensorLayout(SCALE, MXFP4_BLOCK, dtypes=("U8",)),
-    )
-
-
-def fp8_block(block_out: int, block_in: int) -> tuple[ExpertTensorLayout, ...]:
-    """float8 weights, one scale per ``block_out x block_in`` block."""
-    return (
-        ExpertTensorLayout("weight", dtypes=("F8_E4M3",)),
-        ExpertTensorLayout(SCALE, block_in, block_out, dtypes=FLOAT_SCALES),
-    )
-
-
-def nvfp4(packed_suffix: str) -> tuple[ExpertTensorLayout, ...]:
-    """FP4 packed two per byte, one float8 scale per 16 values (the per-tensor
-    global scales are not TP-sharded: ``ExpertScalar``)."""
-    return (
-        ExpertTensorLayout(packed_suffix, 2, dtypes=("U8",)),
-        ExpertTensorLayout(SCALE, 16, dtypes=("F8_E4M3",)),
-    )
-
-
-def int_packed(num_bits: int, group_size: int) -> tuple[ExpertTensorLayout, ...]:
-    """Integers packed into int32 (32 // num_bits per element), one scale per
-    group of ``group_size`` input values."""
-    return (
-        ExpertTensorLayout("weight_packed", 32 // num_bits, dtypes=("I32",)),
-        ExpertTensorLayout(SCALE, group_size, dtypes=FLOAT_SCALES),
-    )
-
-
-def unquantized() -> tuple[ExpertTensorLayout, ...]:
-    return (ExpertTensorLayout("weight", dtypes=("BF16",)),)
-
-
 @dataclass(frozen=True)
 class ExpertScalar:
     """A per-projection checkpoint tensor that is not TP-sharded (a global or
@@ -95,16 +70,33 @@ class ExpertScalar:
 
 
 @dataclass(frozen=True)
-class CheckpointFormat:
-    """How a Kimi-K3 checkpoint format stores each routed expert projection."""
+class ExpertTensors:
+    """Every checkpoint tensor of one routed expert projection in a format."""
 
-    name: str  # as the summary names it
-    loads_as: str  # the vLLM method its experts get
+    label: str  # as loading errors name the format: "MXFP4", "FP8 block"
     sharded: tuple[ExpertTensorLayout, ...]
     scalars: tuple[ExpertScalar, ...] = ()
-    # plan's quantization path for the format, None where plan cannot size it
-    plan_path: str | None = None
 
     @property
     def suffixes(self) -> tuple[str, ...]:
         return tuple(t.suffix for t in (*self.sharded, *self.scalars))
+
+    def expected(
+        self, hidden: int, intermediate: int
+    ) -> dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]]:
+        """(projection, suffix) -> (logical shape, dtypes it may have), for
+        every tensor of one expert."""
+        expected = {
+            (projection, tensor.suffix): (
+                tensor.shape(projection, hidden, intermediate),
+                tensor.dtypes,
+            )
+            for projection in PROJECTIONS
+            for tensor in self.sharded
+        }
+        expected |= {
+            (projection, scalar.suffix): (scalar.shape, scalar.dtypes)
+            for projection in PROJECTIONS
+            for scalar in self.scalars
+        }
+        return expected

@@ -1,11 +1,11 @@
-"""Kimi-K3's text config: the embedded default and reading a ``config.json``.
+"""Kimi-K3's text config: the published values and reading a ``config.json``.
 
 Kimi-K3's Hugging Face ``config.json`` nests the language model under
 ``text_config``. The embedded values are Kimi-K3's published ``text_config``
 (vLLM 0.33.0's Kimi-K3 support builds its layers from the same fields), in
-two parts: what shapes a MoE layer (all ``check`` and the MoE-layer planner
-read) and the rest of the language model (attention, embeddings, the dense
-layer), which ``plan`` needs to build the whole model.
+three parts: what shapes a MoE layer (all ``check`` reads), the attention
+layers (MLA and KDA), and the embeddings and dense layer. ``plan`` needs all
+three to build the whole language model.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-KIMI_K3_MOE_TEXT_CONFIG: dict[str, Any] = {
+KIMI_K3_MOE_FIELDS: dict[str, Any] = {
     "hidden_size": 7168,  # residual width
     "routed_expert_hidden_size": 3584,  # latent MoE width: what the experts see
     "moe_intermediate_size": 3072,  # per routed expert
@@ -36,13 +36,9 @@ KIMI_K3_MOE_TEXT_CONFIG: dict[str, Any] = {
     "rms_norm_eps": 1e-5,
 }
 
-# The rest of Kimi-K3's published text config, for building the whole language
-# model (``whole_model``): attention, embeddings, the dense layer. The MoE
-# layer does not read these.
-KIMI_K3_FULL_ATTENTION_LAYERS = [*range(4, 93, 4), 93]  # 1-based: 24 MLA layers
-KIMI_K3_ATTENTION_CONFIG: dict[str, Any] = {
-    "vocab_size": 163840,
-    "intermediate_size": 33792,  # the dense MLP of layer 0
+# Kimi-K3's attention: 24 MLA layers and 69 KDA (linear attention) layers.
+KIMI_K3_FULL_ATTENTION_LAYERS = [*range(4, 93, 4), 93]  # 1-based: the MLA layers
+KIMI_K3_ATTENTION_FIELDS: dict[str, Any] = {
     "num_attention_heads": 96,
     "num_key_value_heads": 96,
     "q_lora_rank": 1536,
@@ -66,13 +62,20 @@ KIMI_K3_ATTENTION_CONFIG: dict[str, Any] = {
         ],
     },
     "attn_res_block_size": 12,
+}
+# The vocabulary (embeddings and lm_head), the dense MLP of layer 0, and the
+# MTP draft layers (none published).
+KIMI_K3_EMBEDDING_AND_DENSE_FIELDS: dict[str, Any] = {
+    "vocab_size": 163840,
+    "intermediate_size": 33792,
     "tie_word_embeddings": False,
     "num_nextn_predict_layers": 0,
 }
 # Kimi-K3's published text_config: what ``plan`` builds without --config.
 KIMI_K3_TEXT_CONFIG: dict[str, Any] = {
-    **KIMI_K3_MOE_TEXT_CONFIG,
-    **KIMI_K3_ATTENTION_CONFIG,
+    **KIMI_K3_MOE_FIELDS,
+    **KIMI_K3_ATTENTION_FIELDS,
+    **KIMI_K3_EMBEDDING_AND_DENSE_FIELDS,
 }
 
 # Without these a config does not describe a MoE model the planner can size;
@@ -86,7 +89,7 @@ REQUIRED_FIELDS = (
 )
 # Without these a config does not describe Kimi-K3's attention (MLA and KDA)
 # and embeddings, and ``plan`` cannot build the whole language model.
-ATTENTION_INTEGER_FIELDS = (
+LANGUAGE_MODEL_INTEGER_FIELDS = (
     "vocab_size",
     "intermediate_size",
     "num_attention_heads",
@@ -95,7 +98,7 @@ ATTENTION_INTEGER_FIELDS = (
     "qk_rope_head_dim",
     "v_head_dim",
 )
-ATTENTION_FIELDS = (*ATTENTION_INTEGER_FIELDS, "linear_attn_config")
+LANGUAGE_MODEL_FIELDS = (*LANGUAGE_MODEL_INTEGER_FIELDS, "linear_attn_config")
 LINEAR_ATTENTION_FIELDS = ("num_heads", "head_dim", "kda_layers", "full_attn_layers")
 # Read from a config.json when set, beyond the embedded fields.
 OPTIONAL_FIELDS = ("num_nextn_predict_layers",)  # MTP draft layers, after the main ones
@@ -107,19 +110,12 @@ INTEGER_FIELDS = {
     "first_k_dense_replace": 0,
     "moe_layer_freq": 1,
     "num_nextn_predict_layers": 0,
-    **dict.fromkeys(ATTENTION_INTEGER_FIELDS, 1),
+    **dict.fromkeys(LANGUAGE_MODEL_INTEGER_FIELDS, 1),
 }
 
 
 class ConfigFileError(ValueError):
     """A ``config.json`` that cannot be used; the message is one line."""
-
-
-def kimi_k3_text_config(**overrides: Any) -> Any:
-    """A ``KimiLinearConfig`` with Kimi-K3's MoE dimensions (and ``overrides``)."""
-    from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
-
-    return KimiLinearConfig(**{**KIMI_K3_MOE_TEXT_CONFIG, **overrides})
 
 
 def _is_moe_layer(text_config: dict[str, Any], index: int) -> bool:
@@ -185,24 +181,19 @@ def text_config_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:
             )
     return {
         name: text_config[name]
-        for name in (*KIMI_K3_MOE_TEXT_CONFIG, *OPTIONAL_FIELDS)
+        for name in (*KIMI_K3_MOE_FIELDS, *OPTIONAL_FIELDS)
         if text_config.get(name) is not None
     }
-
-
-def read_text_config(path: Path) -> dict[str, Any]:
-    """The MoE fields of the text config in a Hugging Face ``config.json``."""
-    return text_config_fields(read_config_document(path), path)
 
 
 def language_model_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:
     """The whole text config of a config document's language model, every
     field as the file has it, after checking that the MoE fields are valid and
-    the attention and embedding fields (``ATTENTION_FIELDS``) are there."""
+    the attention and embedding fields (``LANGUAGE_MODEL_FIELDS``) are there."""
     text_config_fields(document, path)  # the MoE fields, validated
     text_config = document.get("text_config", document)
     where = "text_config" if "text_config" in document else "the top level"
-    missing = [name for name in ATTENTION_FIELDS if text_config.get(name) is None]
+    missing = [name for name in LANGUAGE_MODEL_FIELDS if text_config.get(name) is None]
     if missing:
         raise ConfigFileError(
             f"config file {path} lacks {', '.join(missing)} in {where}: plan "

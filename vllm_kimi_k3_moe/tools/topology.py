@@ -1,66 +1,20 @@
 """A Kimi-K3 deployment as ``vllm serve`` is asked for it, and what each GPU holds.
 
 Plain Python (no torch, no vLLM), so ``check`` and the command line's input
-validation run without paying for either import. The planner (``plan.py``)
-sizes a ``Deployment`` with vLLM's real layers; the checkpoint preflight
-splits the checkpoint by its ``Parallelism``. Both name a topology, refuse an
-uneven split and compute each GPU's share here, so they cannot disagree.
+validation run without paying for either import. The planner sizes a
+``Deployment`` with vLLM's real layers; the checkpoint preflight splits the
+checkpoint by its ``Topology``. Both name a topology, refuse an uneven split
+and compute each GPU's share here, so they cannot disagree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
-from vllm_kimi_k3_moe.formats.layouts import MXFP4_BLOCK
+from vllm_kimi_k3_moe.formats import FORMAT_NAMES, KimiK3Format, format_named
 
-# The formats Kimi-K3 is published in, as ``plan --quantization`` names them:
-# vLLM's two MXFP4 MoE paths, native MXFP4 (the released mxfp4-pack-quantized
-# checkpoint, rewritten by vLLM) and the compressed-tensors MXFP4 method, then
-# the other published formats (``published_formats`` holds their configs).
-MXFP4_PATHS = ("mxfp4", "compressed-tensors")
-QUANTIZATION_PATHS = (
-    *MXFP4_PATHS,
-    "fp8-block",
-    "nvfp4",
-    "modelopt-nvfp4",
-    "w4a16",
-    "bf16",
-)
-# vLLM's Mxfp4MoeBackend members that run on NVIDIA GPUs (ROCm, XPU and CPU
-# kernels left out), as the planner names them.
-NVIDIA_MXFP4_BACKENDS = (
-    "marlin",
-    "batched_marlin",
-    "cutlass_mxfp4_mxfp4",
-    "deepgemm_mxfp4",
-    "flashinfer_trtllm_mxfp4_mxfp8",
-    "flashinfer_trtllm_mxfp4_bf16",
-    "flashinfer_cutlass_mxfp4_mxfp8",
-    "flashinfer_cutlass_mxfp4_bf16",
-    "flashinfer_moe_ep_cutedsl",
-    "flashinfer_moe_ep_deep_gemm",
-    "b12x_mxfp4_bf16",
-    "b12x_mxfp4_mxfp8",
-    "humming",
-    "triton",
-)
-# What vLLM's compressed-tensors MXFP4 MoE method picks by device on NVIDIA.
-COMPRESSED_TENSORS_MXFP4_BACKENDS = ("marlin", "cutlass_mxfp4_mxfp4")
-# The other formats take vLLM's own ``--moe-backend`` names: those of NVIDIA
-# kernels vLLM 0.33.0 selects for the format's MoE method when the kernel's
-# device check passes (the suite checks each list against vLLM's selection).
-BACKENDS: dict[str, tuple[str, ...]] = {
-    "mxfp4": NVIDIA_MXFP4_BACKENDS,
-    "compressed-tensors": COMPRESSED_TENSORS_MXFP4_BACKENDS,
-    "fp8-block": ("marlin", "triton", "humming"),
-    "nvfp4": ("marlin", "cutlass", "flashinfer_cutedsl", "humming"),
-    "modelopt-nvfp4": ("marlin", "cutlass", "flashinfer_cutedsl", "humming"),
-    "w4a16": ("marlin", "humming"),
-    "bf16": ("marlin", "triton", "batched_triton", "humming"),
-}
-
-# How a topology is named, by where the name appears (see Parallelism.label).
+# How a topology is named, by where the name appears (see Topology.label).
 LabelStyle = Literal["short", "subject", "product", "sentence"]
 
 
@@ -69,11 +23,12 @@ class DeploymentError(ValueError):
 
 
 @dataclass(frozen=True)
-class Parallelism:
-    """How vLLM spreads Kimi-K3's routed experts: TP x DP GPUs, each expert
+class Topology:
+    """How vLLM spreads Kimi-K3 over GPUs: TP x DP GPUs, each routed expert
     sharded over all of them, or (expert parallelism) whole experts each."""
 
     tp_size: int
+    _: KW_ONLY
     dp_size: int = 1
     expert_parallel: bool = False
 
@@ -121,12 +76,16 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
-class Deployment(Parallelism):
-    """What ``vllm serve`` would be asked for: the topology, the MXFP4 path
-    and the MoE kernel."""
+class Deployment(Topology):
+    """What ``vllm serve`` would be asked for: the topology, the checkpoint's
+    format (a ``vllm_kimi_k3_moe.formats`` name) and the MoE kernel."""
 
     backend: str = "marlin"
     quantization: str = "mxfp4"
+
+    @property
+    def format(self) -> KimiK3Format:
+        return format_named(self.quantization)
 
 
 def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
@@ -137,18 +96,18 @@ def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
             f"TP {deployment.tp_size} and DP {deployment.dp_size}"
         )
     validate_backend(deployment.quantization, deployment.backend)
-    validate_parallelism(text_config, deployment)
+    validate_topology(text_config, deployment, deployment.format)
     validate_attention_split(text_config, deployment.tp_size)
 
 
 def validate_backend(quantization: str, backend: str) -> None:
-    """Refuse a quantization path or MoE backend the planner does not know."""
-    backends = BACKENDS.get(quantization)
-    if backends is None:
+    """Refuse a format or MoE backend the planner does not know."""
+    if quantization not in FORMAT_NAMES:
         raise DeploymentError(
             f"unknown quantization path {quantization!r}; "
-            f"choose one of {', '.join(BACKENDS)}"
+            f"choose one of {', '.join(FORMAT_NAMES)}"
         )
+    backends = format_named(quantization).moe_backends
     if backend == "auto":
         raise DeploymentError(
             "--moe-backend auto is resolved by vLLM from the GPU it starts on; "
@@ -162,13 +121,16 @@ def validate_backend(quantization: str, backend: str) -> None:
         )
 
 
-def validate_parallelism(text_config: dict[str, Any], parallelism: Parallelism) -> None:
+def validate_topology(
+    text_config: dict[str, Any], topology: Topology, fmt: KimiK3Format
+) -> None:
     """Refuse a topology that does not split the routed experts evenly: the
     experts over the expert-parallel GPUs, or else every expert's
-    intermediate size over all GPUs in whole MXFP4 scale blocks. Even splits
+    intermediate size over all GPUs in whole scale groups of the format
+    (``fmt.alignment`` values: each GPU's scales are its own). Even splits
     are what let rank 0 stand for every GPU."""
-    gpus, product = parallelism.gpus, parallelism.label("product")
-    if parallelism.expert_parallel:
+    gpus, product = topology.gpus, topology.label("product")
+    if topology.expert_parallel:
         experts = text_config["num_experts"]
         if experts % gpus:
             raise DeploymentError(
@@ -177,12 +139,16 @@ def validate_parallelism(text_config: dict[str, Any], parallelism: Parallelism) 
             )
         return
     intermediate = text_config["moe_intermediate_size"]
-    if intermediate % (gpus * MXFP4_BLOCK):
+    if intermediate % (gpus * fmt.alignment):
+        whole = (
+            f" in whole {fmt.alignment_unit} of {fmt.alignment} values"
+            if fmt.alignment > 1
+            else ""
+        )
         raise DeploymentError(
             f"moe_intermediate_size {intermediate} does not split evenly over "
-            f"{gpus} GPUs ({product}) in whole MXFP4 scale blocks of {MXFP4_BLOCK} "
-            "values; without expert parallelism vLLM shards every expert over "
-            "all of them"
+            f"{gpus} GPUs ({product}){whole}; without expert parallelism vLLM "
+            "shards every expert over all of them"
         )
 
 

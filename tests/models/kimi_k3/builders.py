@@ -1,34 +1,58 @@
-"""What the Kimi-K3 tests build from: the model's text config, the two MXFP4
-quantization paths, the poison byte and a built layer's routed experts."""
+"""What the Kimi-K3 tests build from: the model's text config, the MXFP4
+formats, the poison byte, one real ``KimiMoE`` and a built layer's routed
+experts."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from torch import nn
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from vllm_kimi_k3_moe.tools.text_config import (
-    kimi_k3_text_config as kimi_k3_moe_config,
-)
-from vllm_kimi_k3_moe.tools.topology import MXFP4_PATHS
+from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
 
 POISON = 0xA5  # the byte uninitialised memory reads as in these tests
 
 # Native MXFP4 (the released checkpoint, rewritten by vLLM) and the
 # compressed-tensors MXFP4 method (other compressed-tensors formats).
-on_both_quantization_paths = pytest.mark.parametrize("quantization", MXFP4_PATHS)
+MXFP4_FORMATS = (mxfp4.RELEASE.name, mxfp4.COMPRESSED_TENSORS.name)
+on_both_quantization_paths = pytest.mark.parametrize("quantization", MXFP4_FORMATS)
 
 
-def kimi_k3_text_config(*, small: bool = False):
-    """Kimi-K3's text config; ``small`` keeps 3072 but shrinks widths/experts."""
-    if not small:
-        return kimi_k3_moe_config()
-    return kimi_k3_moe_config(
-        hidden_size=k3.SMALL_HIDDEN_SIZE,
-        routed_expert_hidden_size=k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE,
-        num_experts=k3.SMALL_NUM_EXPERTS,
-        num_experts_per_token=k3.SMALL_NUM_EXPERTS_PER_TOKEN,
-    )
+def kimi_k3_text_config(*, small: bool = False) -> Any:
+    """Kimi-K3's MoE text config as vLLM's ``KimiLinearConfig``; ``small``
+    keeps 3072 but shrinks widths and experts."""
+    from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
+
+    fields = dict(KIMI_K3_MOE_FIELDS)
+    if small:
+        fields.update(
+            hidden_size=k3.SMALL_HIDDEN_SIZE,
+            routed_expert_hidden_size=k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE,
+            num_experts=k3.SMALL_NUM_EXPERTS,
+            num_experts_per_token=k3.SMALL_NUM_EXPERTS_PER_TOKEN,
+        )
+    return KimiLinearConfig(**fields)
+
+
+def build_kimi_moe_layer(
+    kimi_moe_cls: type,
+    config: Any,
+    vllm_config: Any,
+    device: str = "meta",
+    prefix: str = "model.layers.1.block_sparse_moe",
+) -> Any:
+    """Construct ``kimi_moe_cls`` the way ``KimiDecoderLayer`` does, under
+    ``vllm_config`` and on ``device`` (``meta``: real shapes, no memory)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(vllm_config), torch.device(device):
+        return kimi_moe_cls(
+            config, vllm_config, quant_config=vllm_config.quant_config, prefix=prefix
+        )
 
 
 def routed_experts(moe: nn.Module) -> nn.Module:

@@ -19,19 +19,22 @@ import torch
 from torch import nn
 
 import vllm_kimi_k3_moe
-from tests.models.kimi_k3.builders import POISON, kimi_k3_text_config, routed_experts
-from tests.models.kimi_k3.gpu_stand_ins import AttentionStandIn, marlin_without_gpu
-from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
-from vllm_kimi_k3_moe.tools.build.rank import (
-    Topology,
+from tests.models.kimi_k3.builders import (
+    POISON,
     build_kimi_moe_layer,
-    rank_vllm_config,
-    simulated_rank,
+    kimi_k3_text_config,
+    routed_experts,
 )
+from tests.models.kimi_k3.gpu_stand_ins import AttentionStandIn, marlin_without_gpu
+from tests.models.kimi_k3.kimi_k3_formats import format_model_dir, format_vllm_config
+from vllm_kimi_k3_moe.patching import upstream_class
+from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
 from vllm_kimi_k3_moe.tools.build.stand_ins import (
     CudaStreamStandIn,
     moe_kernels_on_their_gpu,
 )
+from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 
 @pytest.fixture(scope="session")
@@ -60,8 +63,8 @@ def kimi_k3_deployment_plans(kimi_model: ModuleType) -> dict[int, object]:
 @pytest.fixture
 def rank_config() -> Iterator[Callable[..., object]]:
     """Pose as one rank of a topology and return its MXFP4 Marlin
-    ``VllmConfig`` (native MXFP4 unless ``quantization="compressed-tensors"``;
-    given a checkpoint's ``model_config``, vLLM's own resolution of it).
+    ``VllmConfig`` (native MXFP4 unless ``quantization="ct-mxfp4"``; given a
+    checkpoint's directory ``model_dir``, vLLM's own resolution of it).
     The stand-ins (``simulated_rank``, ``gpu_stand_ins.marlin_without_gpu``)
     cover what a CPU box lacks: torch.distributed groups (layers read their
     size and rank) and a CUDA device for vLLM's Marlin device check (the
@@ -71,10 +74,12 @@ def rank_config() -> Iterator[Callable[..., object]]:
         stack.enter_context(marlin_without_gpu())
 
         def make(
-            topology: Topology, quantization: str = "mxfp4", model_config=None
+            rank: Rank | Topology, quantization: str = "mxfp4", model_dir=None
         ) -> object:
-            stack.enter_context(simulated_rank(topology))
-            return rank_vllm_config(topology, quantization, model_config)
+            stack.enter_context(simulated_rank(rank))
+            topology = rank.topology if isinstance(rank, Rank) else rank
+            directory = model_dir or format_model_dir(quantization)
+            return rank_vllm_config(directory, topology, "marlin")
 
         yield make
 
@@ -86,14 +91,14 @@ def build_kimi_moe(
     """Build one real ``KimiMoE`` (patched unless ``upstream=True``) as one rank."""
 
     def build(
-        topology: Topology,
+        topology: Rank | Topology,
         *,
         upstream: bool = False,
         small: bool = False,
         device: str = "meta",
         quantization: str = "mxfp4",
     ) -> nn.Module:
-        cls = upstream_kimi_moe(kimi_model) if upstream else kimi_model.KimiMoE
+        cls = upstream_class(kimi_model.KimiMoE) if upstream else kimi_model.KimiMoE
         return build_kimi_moe_layer(
             cls,
             kimi_k3_text_config(small=small),
@@ -128,12 +133,11 @@ def format_experts(kimi_model: ModuleType) -> Callable[..., nn.Module]:
     selection decides, with every kernel's device check answering as on its
     GPU (``moe_kernels_on_their_gpu``). ``min_partition`` sets vLLM alone's
     model-level minimum rows per rank (``min_moe_intermediate_per_partition``)."""
-    from tests.models.kimi_k3.kimi_k3_formats import format_vllm_config
 
     def build(
         fmt: str,
         backend: str,
-        topology: Topology,
+        topology: Rank | Topology,
         *,
         upstream: bool = False,
         small: bool = False,
@@ -141,7 +145,7 @@ def format_experts(kimi_model: ModuleType) -> Callable[..., nn.Module]:
         min_partition: int | None = None,
         prefix: str = "model.layers.1.block_sparse_moe",
     ) -> nn.Module:
-        cls = upstream_kimi_moe(kimi_model) if upstream else kimi_model.KimiMoE
+        cls = upstream_class(kimi_model.KimiMoE) if upstream else kimi_model.KimiMoE
         config = kimi_k3_text_config(small=small)
         if min_partition is not None:
             config.min_moe_intermediate_per_partition = min_partition

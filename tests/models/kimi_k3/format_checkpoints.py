@@ -30,11 +30,11 @@ Shape = Callable[[int, int], tuple[int, ...]]  # (rows, cols) -> stored shape
 
 # suffix, stored shape, safetensors dtype
 FORMAT_TENSORS: dict[str, list[tuple[str, Shape, str]]] = {
-    "ct-fp8-block": [
+    "fp8-block": [
         ("weight", lambda rows, cols: (rows, cols), "F8_E4M3"),
         ("weight_scale", lambda rows, cols: (rows // 128, cols // 128), "BF16"),
     ],
-    "ct-nvfp4": [
+    "nvfp4": [
         ("weight_packed", lambda rows, cols: (rows, cols // 2), "U8"),
         ("weight_scale", lambda rows, cols: (rows, cols // 16), "F8_E4M3"),
         ("weight_global_scale", lambda rows, cols: (1,), "F32"),
@@ -46,7 +46,7 @@ FORMAT_TENSORS: dict[str, list[tuple[str, Shape, str]]] = {
         ("weight_scale_2", lambda rows, cols: (), "F32"),
         ("input_scale", lambda rows, cols: (), "F32"),
     ],
-    "ct-w4a16": [
+    "w4a16": [
         ("weight_packed", lambda rows, cols: (rows, cols // 8), "I32"),
         ("weight_scale", lambda rows, cols: (rows, cols // 32), "BF16"),
         ("weight_shape", lambda rows, cols: (2,), "I64"),

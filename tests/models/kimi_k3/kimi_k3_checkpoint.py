@@ -35,8 +35,11 @@ import torch
 from safetensors.torch import save_file
 
 from tests.models.kimi_k3.mxfp4_checkpoint import logical_shape
-from vllm_kimi_k3_moe.tools.build.rank import MXFP4_WEIGHT_ARGS
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_TEXT_CONFIG
+from vllm_kimi_k3_moe.formats.mxfp4 import WEIGHTS as MXFP4_WEIGHT_ARGS
+from vllm_kimi_k3_moe.tools.text_config import (
+    KIMI_K3_ATTENTION_FIELDS,
+    KIMI_K3_MOE_FIELDS,
+)
 
 PREFIX = "language_model.layers"
 PROJECTIONS = ("w1", "w3", "w2")  # gate, up, down
@@ -118,7 +121,7 @@ class KimiK3Spec:
         return {
             "model_type": "kimi_linear",
             "architectures": ["KimiLinearForCausalLM"],
-            **KIMI_K3_MOE_TEXT_CONFIG,  # routing and activation as released
+            **KIMI_K3_MOE_FIELDS,  # routing and activation as released
             "hidden_size": self.hidden_size,
             "routed_expert_hidden_size": self.routed_expert_hidden_size,
             "moe_intermediate_size": self.moe_intermediate_size,
@@ -129,10 +132,20 @@ class KimiK3Spec:
             "num_nextn_predict_layers": self.num_nextn_predict_layers,
             "first_k_dense_replace": self.first_k_dense_replace,
             "intermediate_size": 1024,
-            # vLLM's config checks want the heads to split over TP32
+            # Kimi-K3's attention (what building the language model needs),
+            # the last layer MLA and the others KDA; vLLM's config checks
+            # want the heads to split over TP32
+            **KIMI_K3_ATTENTION_FIELDS,
             "num_attention_heads": 64,
             "num_key_value_heads": 64,
             "head_dim": 128,
+            "linear_attn_config": {
+                **KIMI_K3_ATTENTION_FIELDS["linear_attn_config"],
+                "full_attn_layers": [self.num_hidden_layers],
+                "kda_layers": list(range(1, self.num_hidden_layers)),
+            }
+            if self.num_hidden_layers != 93
+            else KIMI_K3_ATTENTION_FIELDS["linear_attn_config"],
             "vocab_size": self.vocab_size,
             "max_position_embeddings": 4096,
             "torch_dtype": "bfloat16",

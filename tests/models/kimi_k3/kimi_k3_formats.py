@@ -8,14 +8,16 @@ routed experts where vLLM has no CPU kernel for the format's linear layers
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
+import functools
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.build.rank import (
-    COMPRESSED_TENSORS_MXFP4_EXPERTS,
-    MXFP4_WEIGHT_ARGS,
-)
+from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.topology import Serving, Topology
 
 EXPERTS_ONLY = [r"re:.*\.experts\.\d+\..+"]
 
@@ -40,7 +42,7 @@ FP8 = {"num_bits": 8, "type": "float", "symmetric": True}
 
 
 # INT4: as MXFP4's weights, but integers.
-INT4_GROUP_32 = {**MXFP4_WEIGHT_ARGS, "type": "int"}
+INT4_GROUP_32 = {**mxfp4.WEIGHTS, "type": "int"}
 
 
 NVFP4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}
@@ -48,15 +50,16 @@ NVFP4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size
 QUANTIZATION_CONFIGS: dict[str, dict[str, Any] | None] = {
     # Native MXFP4: what vLLM rewrites the released mxfp4-pack-quantized to.
     "mxfp4": {"quant_method": "mxfp4"},
-    # Other compressed-tensors MXFP4 (FP4, groups of 32, E8M0 scales).
-    "ct-mxfp4": COMPRESSED_TENSORS_MXFP4_EXPERTS,
+    # Other compressed-tensors MXFP4 (FP4, groups of 32, E8M0 scales): a
+    # format vLLM does not rewrite to native MXFP4.
+    "ct-mxfp4": _compressed_tensors(mxfp4.WEIGHTS, None, "pack-quantized"),
     # FP8 block [128, 128], activations dynamic per group of 128 (TP16 and up).
-    "ct-fp8-block": _compressed_tensors(
+    "fp8-block": _compressed_tensors(
         {**FP8, "dynamic": False, "strategy": "block", "block_structure": [128, 128]},
         {**FP8, "dynamic": True, "strategy": "group", "group_size": 128},
         "float-quantized",
     ),
-    "ct-nvfp4": _compressed_tensors(
+    "nvfp4": _compressed_tensors(
         {**NVFP4, "symmetric": True, "dynamic": False},
         {**NVFP4, "symmetric": True, "dynamic": "local"},
         "nvfp4-pack-quantized",
@@ -74,7 +77,7 @@ QUANTIZATION_CONFIGS: dict[str, dict[str, Any] | None] = {
         ],
     },
     # INT4 W4A16 conversions: int4, groups of 32, symmetric.
-    "ct-w4a16": _compressed_tensors(INT4_GROUP_32, None, "pack-quantized"),
+    "w4a16": _compressed_tensors(INT4_GROUP_32, None, "pack-quantized"),
     # BF16 dequantizations: no quantization config at all.
     "bf16": None,
 }
@@ -90,45 +93,19 @@ QUANTIZATION_CONFIGS[UNCOVERED_FORMAT] = _compressed_tensors(
 PUBLISHED_FORMATS = tuple(f for f in QUANTIZATION_CONFIGS if f != UNCOVERED_FORMAT)
 
 
-@dataclass(frozen=True)
-class Format:
-    name: str
-
-    def quant_config(self) -> Any:
-        """vLLM's quantization config for this format, built by vLLM."""
-        document = copy.deepcopy(QUANTIZATION_CONFIGS[self.name])
-        if document is None:
-            return None
-        from vllm.model_executor.layers.quantization import (
-            QUANTIZATION_METHODS,
-            get_quantization_config,
-        )
-
-        # As ModelConfig._verify_quantization: a method may claim a config
-        # (ModelOpt's "modelopt" with quant_algo NVFP4 is "modelopt_fp4").
-        method = document["quant_method"]
-        for candidate in QUANTIZATION_METHODS:
-            claim = get_quantization_config(candidate).override_quantization_method(
-                document, None
-            )
-            if claim is not None:
-                method = claim
-                break
-        return get_quantization_config(method).from_config(document)
-
-
-def format_vllm_config(topology: Any, fmt: str, moe_backend: str) -> Any:
-    """A fresh ``VllmConfig`` for one rank of ``topology`` serving Kimi-K3
-    in ``fmt`` with ``--moe-backend moe_backend``."""
-    from vllm.config import DeviceConfig, VllmConfig
-
-    vllm_config = VllmConfig(
-        device_config=DeviceConfig(device="cpu"),
-        quant_config=Format(fmt).quant_config(),
+@functools.cache
+def format_model_dir(fmt: str) -> Path:
+    """A weightless model directory: Kimi-K3's published text config with
+    ``fmt``'s experts-only quantization config (written once a session)."""
+    directory = Path(tempfile.mkdtemp(prefix=f"kimi-k3-{fmt}-"))
+    return write_model_dir(
+        KIMI_K3_TEXT_CONFIG, QUANTIZATION_CONFIGS[fmt], Serving(), directory
     )
-    vllm_config.kernel_config.moe_backend = moe_backend
-    parallel = vllm_config.parallel_config
-    parallel.tensor_parallel_size = topology.tp_size
-    parallel.data_parallel_size = topology.dp_size
-    parallel.enable_expert_parallel = topology.expert_parallel
-    return vllm_config
+
+
+def format_vllm_config(rank: Rank | Topology, fmt: str, moe_backend: str) -> Any:
+    """A fresh ``VllmConfig`` for one rank of a topology serving Kimi-K3's
+    routed experts in ``fmt`` with ``--moe-backend moe_backend``, as vLLM
+    resolves the format's config (the tools' one builder)."""
+    topology = rank.topology if isinstance(rank, Rank) else rank
+    return rank_vllm_config(format_model_dir(fmt), topology, moe_backend)

@@ -31,8 +31,9 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
     expert_loading,
 )
-from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
-from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.patching import upstream_class
+from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 SPEC = KimiK3Spec()
 INTERMEDIATE = SPEC.moe_intermediate_size
@@ -57,8 +58,8 @@ def model_config(kimi_model, checkpoint):
 
 
 def load_rank(
-    topology: Topology,
-    model_config,
+    topology: Rank | Topology,
+    model_dir: Path,
     rank_config,
     moe_layers_only_model,
     kimi_moe_cls: type,
@@ -70,9 +71,11 @@ def load_rank(
     from vllm.model_executor.models.utils import AutoWeightsLoader
     from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
 
-    vllm_config = rank_config(topology, model_config=model_config)
+    vllm_config = rank_config(topology, model_dir=model_dir)
     model = moe_layers_only_model(vllm_config, kimi_moe_cls)
-    weights = DefaultModelLoader(LoadConfig()).get_all_weights(model_config, model)
+    weights = DefaultModelLoader(LoadConfig()).get_all_weights(
+        vllm_config.model_config, model
+    )
     AutoWeightsLoader(model).load_weights(
         ((name, w) for name, w in weights if ROUTED_EXPERTS in name),
         mapper=KimiK3ForConditionalGeneration.hf_to_vllm_mapper,
@@ -95,7 +98,7 @@ def test_vllm_resolves_the_checkpoint_to_native_mxfp4(
     text_config = model_config.hf_text_config
     assert text_config.moe_intermediate_size == INTERMEDIATE
     assert text_config.num_experts == SPEC.num_experts
-    vllm_config = rank_config(Topology(32), model_config=model_config)
+    vllm_config = rank_config(Topology(32), model_dir=checkpoint[0])
     assert type(vllm_config.quant_config) is Mxfp4Config
 
 
@@ -183,18 +186,18 @@ def assert_reassembles_bit_for_bit(reassemble, checkpoint_tensors: dict) -> None
 
 
 @pytest.fixture
-def load_ranks(kimi_model, model_config, rank_config, moe_layers_only_model):
+def load_ranks(kimi_model, checkpoint, rank_config, moe_layers_only_model):
     """Load the checkpoint into every rank of a deployment (patched
     ``KimiMoE`` unless ``upstream``); each rank's experts by layer."""
 
     def load(
         tp_size: int, *, expert_parallel: bool = False, upstream: bool = False
     ) -> list[dict[int, nn.Module]]:
-        cls = upstream_kimi_moe(kimi_model) if upstream else kimi_model.KimiMoE
+        cls = upstream_class(kimi_model.KimiMoE) if upstream else kimi_model.KimiMoE
         return [
             load_rank(
-                Topology(tp_size, rank, expert_parallel=expert_parallel),
-                model_config,
+                Rank(Topology(tp_size, expert_parallel=expert_parallel), tp_rank=rank),
+                checkpoint[0],
                 rank_config,
                 moe_layers_only_model,
                 cls,
@@ -278,7 +281,6 @@ def test_mis_shaped_tensor_is_named_as_the_checkpoint_names_it(
     """vLLM renames the tensor twice on its way to the expert loader
     (``language_model.model.layers``, native MXFP4's ``.weight``); the error
     names the key of the checkpoint's index."""
-    from vllm.config import ModelConfig
 
     from tests.models.kimi_k3.kimi_k3_checkpoint import (
         checkpoint_tensors,
@@ -296,7 +298,7 @@ def test_mis_shaped_tensor_is_named_as_the_checkpoint_names_it(
     with pytest.raises(ValueError) as raised:
         load_rank(
             Topology(32),
-            ModelConfig(model=str(tmp_path), skip_tokenizer_init=True),
+            tmp_path,
             rank_config,
             moe_layers_only_model,
             kimi_model.KimiMoE,

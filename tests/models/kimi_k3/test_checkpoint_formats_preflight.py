@@ -14,9 +14,9 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
 )
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
-from vllm_kimi_k3_moe.formats.recognition import FormatError, checkpoint_format
-from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.formats import FormatError, recognise
 from vllm_kimi_k3_moe.tools.cli import main
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 SPEC = KimiK3Spec()
 FORMATS = list(FORMAT_TENSORS)
@@ -74,13 +74,13 @@ def test_each_problem_is_named_in_each_format(tmp_path, capsys, fmt):
 def test_check_names_the_method_vllm_builds(format_experts, fmt):
     """The format check recognises is the one vLLM 0.33.0 builds: the same
     quantization method for the routed experts."""
-    backend = {"ct-fp8-block": "triton", "bf16": "triton"}.get(fmt, "marlin")
+    backend = {"fp8-block": "triton", "bf16": "triton"}.get(fmt, "marlin")
     if "nvfp4" in fmt:
         backend = "flashinfer_cutedsl"
     experts = format_experts(fmt, backend, Topology(32))
     # native MXFP4 is what vLLM rewrites the released config to
     config = RELEASED_MXFP4 if fmt == "mxfp4" else QUANTIZATION_CONFIGS[fmt]
-    recognised = checkpoint_format(config, None, "config.json")
+    recognised = recognise(config, None, "config.json")
     assert type(experts.quant_method).__name__ in recognised.loads_as
 
 
@@ -94,17 +94,26 @@ def test_modelopt_hf_quant_config_is_read(tmp_path, capsys):
     assert "format      ModelOpt NVFP4; vLLM loads its experts with " in out
 
 
-def test_moe_backend_is_refused_for_formats_plan_cannot_size(tmp_path, capsys):
-    write_format_checkpoint(tmp_path, "ct-fp8-block")
+def test_moe_backend_sizes_every_format_as_plan_does(kimi_model, tmp_path, capsys):
+    """check --moe-backend builds the checkpoint's language model through
+    plan's path, whatever the format."""
+    write_format_checkpoint(tmp_path, "fp8-block")
+    status, out = check(capsys, str(tmp_path), "--moe-backend", "triton")
+    assert status == 0, out
+    assert "allocated   on triton, by vLLM 0.33.0's own layer: 128 intermediate" in out
+
+
+def test_moe_backend_not_of_the_format_is_refused(tmp_path, capsys):
+    write_format_checkpoint(tmp_path, "fp8-block")
     with pytest.raises(SystemExit) as exit_info:
-        main(["check", str(tmp_path), "--moe-backend", "marlin"])
+        main(["check", str(tmp_path), "--moe-backend", "cutlass"])
     assert exit_info.value.code == 2
-    assert "MXFP4 checkpoints only" in capsys.readouterr().err
+    assert "'cutlass' for fp8-block" in capsys.readouterr().err
 
 
 def test_an_unknown_format_lists_the_known_ones():
     with pytest.raises(FormatError) as raised:
-        checkpoint_format({"quant_method": "awq"}, None, "config.json")
+        recognise({"quant_method": "awq"}, None, "config.json")
     message = str(raised.value)
     assert "quant_method 'awq'" in message
     assert "compressed-tensors FP8 block" in message and "ModelOpt NVFP4" in message

@@ -10,9 +10,10 @@ import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import POISON, routed_experts
-from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.topology import Topology
 
-CT = "compressed-tensors"
+CT = "ct-mxfp4"
 HIDDEN = k3.ROUTED_EXPERT_HIDDEN_SIZE  # 3584
 EXPERTS = k3.NUM_EXPERTS  # 896
 MARLIN_MXFP4_GROUP = 32
@@ -116,7 +117,7 @@ def test_aligned_partition_keeps_upstream_allocation(
 
 
 def test_expert_parallel_keeps_upstream_allocation(build_kimi_moe):
-    topology = Topology(32, 31, expert_parallel=True)
+    topology = Rank(Topology(32, expert_parallel=True), tp_rank=31)
     patched = routed_experts(build_kimi_moe(topology, quantization=CT))
     upstream = routed_experts(build_kimi_moe(topology, upstream=True, quantization=CT))
     assert {n: p.shape for n, p in patched.named_parameters()} == {

@@ -16,8 +16,10 @@ from tests.models.kimi_k3.format_checkpoints import (
     write_format_checkpoint_with_data,
 )
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
-from vllm_kimi_k3_moe.tools.build.rank import Topology, simulated_rank
+from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
 from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
+from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 # One MoE layer (1) of four experts; the real 3072 intermediate size.
 SPEC = KimiK3Spec(num_experts=4, num_hidden_layers=2, num_nextn_predict_layers=0)
@@ -33,35 +35,21 @@ def checkpoint(request, tmp_path_factory):
     return fmt, directory, write_format_checkpoint_with_data(directory, fmt, SPEC)
 
 
-def load_rank(moe_layers_only_model, kimi_model, directory, topology) -> nn.Module:
-    """Build ``topology``'s rank from the checkpoint's config and load the
-    checkpoint into it, as vLLM's default loader does (Marlin where the
-    format has it, Triton for BF16)."""
-    from vllm.config import (
-        DeviceConfig,
-        KernelConfig,
-        LoadConfig,
-        ModelConfig,
-        ParallelConfig,
-        VllmConfig,
-    )
+def load_rank(moe_layers_only_model, kimi_model, directory, rank: Rank) -> nn.Module:
+    """Build ``rank`` from the checkpoint's config and load the checkpoint
+    into it, as vLLM's default loader does (Marlin where the format has it,
+    Triton for BF16)."""
+    from vllm.config import LoadConfig
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.model_executor.models.utils import AutoWeightsLoader
     from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
 
-    model_config = ModelConfig(model=str(directory), skip_tokenizer_init=True)
-    with simulated_rank(topology), moe_kernels_on_their_gpu():
-        vllm_config = VllmConfig(
-            model_config=model_config,
-            device_config=DeviceConfig(device="cpu"),
-            parallel_config=ParallelConfig(
-                tensor_parallel_size=topology.tp_size,
-                enable_expert_parallel=topology.expert_parallel,
-            ),
-            kernel_config=KernelConfig(moe_backend="marlin"),
-        )
+    with simulated_rank(rank), moe_kernels_on_their_gpu():
+        vllm_config = rank_vllm_config(directory, rank.topology, "marlin")
         model = moe_layers_only_model(vllm_config, kimi_model.KimiMoE)
-        weights = DefaultModelLoader(LoadConfig()).get_all_weights(model_config, model)
+        weights = DefaultModelLoader(LoadConfig()).get_all_weights(
+            vllm_config.model_config, model
+        )
         AutoWeightsLoader(model).load_weights(
             ((name, w) for name, w in weights if ROUTED_EXPERTS in name),
             mapper=KimiK3ForConditionalGeneration.hf_to_vllm_mapper,
@@ -143,7 +131,12 @@ def test_tp_ranks_give_back_every_expert_tensor(
 ):
     fmt, directory, tensors = checkpoint
     ranks = [
-        load_rank(moe_layers_only_model, kimi_model, directory, Topology(tp_size, r))
+        load_rank(
+            moe_layers_only_model,
+            kimi_model,
+            directory,
+            Rank(Topology(tp_size), tp_rank=r),
+        )
         for r in range(tp_size)
     ]
     for expert in range(SPEC.num_experts):
@@ -178,7 +171,7 @@ def test_expert_parallel_ranks_give_back_every_expert_tensor(
             moe_layers_only_model,
             kimi_model,
             directory,
-            Topology(ep_size, r, expert_parallel=True),
+            Rank(Topology(ep_size, expert_parallel=True), tp_rank=r),
         )
         for r in range(ep_size)
     ]

@@ -18,7 +18,8 @@ from tests.models.kimi_k3.traced_checkpoint import (
     load_and_decode,
     nvfp4_tensors,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 TP_SIZE = 32
 INTERMEDIATE = k3.MOE_INTERMEDIATE_SIZE  # 3072
@@ -30,17 +31,17 @@ EXPERTS = k3.SMALL_NUM_EXPERTS
 CASES = [
     # whole 128-row blocks per rank (block scales stay rank-local): ranks
     # 0-23 hold 128 rows each, ranks 24-31 none
-    ("ct-fp8-block", "triton", fp8_block_tensors, 128, [(0, 128), (2944, 3072), None]),
+    ("fp8-block", "triton", fp8_block_tensors, 128, [(0, 128), (2944, 3072), None]),
     # the logical 96 rows per rank, no pad at allocation
     (
-        "ct-nvfp4",
+        "nvfp4",
         "flashinfer_cutedsl",
         nvfp4_tensors,
         96,
         [(0, 96), (2208, 2304), (2976, 3072)],
     ),
     # 96 rows per rank in a 128-row partition (CUTLASS weight prep)
-    ("ct-nvfp4", "cutlass", nvfp4_tensors, 128, [(0, 96), (2208, 2304), (2976, 3072)]),
+    ("nvfp4", "cutlass", nvfp4_tensors, 128, [(0, 96), (2208, 2304), (2976, 3072)]),
 ]
 IDS = ["fp8-block-triton", "nvfp4-flashinfer", "nvfp4-cutlass"]
 
@@ -78,7 +79,11 @@ def test_tp32_rank_holds_exactly_its_rows(
 
     def make():
         experts = format_experts(
-            fmt, backend, Topology(TP_SIZE, rank), small=True, device="cpu"
+            fmt,
+            backend,
+            Rank(Topology(TP_SIZE), tp_rank=rank),
+            small=True,
+            device="cpu",
         )
         assert experts.intermediate_size_per_partition == partition
         return experts
@@ -102,7 +107,11 @@ def test_every_checkpoint_element_lands_exactly_once_across_tp32(
     for rank in range(TP_SIZE):
         decoded = load_and_decode(
             lambda rank=rank: format_experts(
-                fmt, backend, Topology(TP_SIZE, rank), small=True, device="cpu"
+                fmt,
+                backend,
+                Rank(Topology(TP_SIZE), tp_rank=rank),
+                small=True,
+                device="cpu",
             ),
             planes,
         )

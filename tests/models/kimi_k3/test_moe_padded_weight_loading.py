@@ -18,7 +18,8 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
     load_checkpoint,
 )
 from tests.models.kimi_k3.traced_checkpoint import assert_every_element_once
-from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 TP_SIZE = 32
 RAW_LOCAL = 96  # 3072 // 32
@@ -51,7 +52,9 @@ def test_tp32_rank_placement(
 ):
     decoded = load_and_decode(
         lambda: build_small(
-            build_kimi_moe, Topology(TP_SIZE, rank), quantization=quantization
+            build_kimi_moe,
+            Rank(Topology(TP_SIZE), tp_rank=rank),
+            quantization=quantization,
         ),
         indices,
     )
@@ -83,7 +86,9 @@ def test_every_checkpoint_element_lands_exactly_once_across_tp32(
     for rank in range(TP_SIZE):
         decoded = load_and_decode(
             lambda rank=rank: build_small(
-                build_kimi_moe, Topology(TP_SIZE, rank), quantization=quantization
+                build_kimi_moe,
+                Rank(Topology(TP_SIZE), tp_rank=rank),
+                quantization=quantization,
             ),
             indices,
         )
@@ -99,7 +104,7 @@ def test_padded_tail_stays_zero_after_loading(
     build_kimi_moe, indices, quantization, rank
 ):
     experts = build_small(
-        build_kimi_moe, Topology(TP_SIZE, rank), quantization=quantization
+        build_kimi_moe, Rank(Topology(TP_SIZE), tp_rank=rank), quantization=quantization
     )
     load_checkpoint(experts, {k: digit_plane(v, 0) for k, v in indices.items()})
     params = expert_parameters(experts)
@@ -138,16 +143,20 @@ def assert_identical_after_loading(patched, upstream, indices):
 @pytest.mark.parametrize("rank", [0, 7])
 def test_tp8_is_byte_identical_to_upstream(build_kimi_moe, indices, rank):
     """At TP8 nobody pads (3072 // 8 == 384): the plugin must change nothing."""
-    patched = build_small(build_kimi_moe, Topology(8, rank))
-    upstream = build_small(build_kimi_moe, Topology(8, rank), upstream=True)
+    patched = build_small(build_kimi_moe, Rank(Topology(8), tp_rank=rank))
+    upstream = build_small(
+        build_kimi_moe, Rank(Topology(8), tp_rank=rank), upstream=True
+    )
     loaded = assert_identical_after_loading(patched, upstream, indices)
     assert loaded["w13_weight"].shape[1] == 2 * 384
 
 
 def test_tp32_differs_from_upstream_only_in_partition_width(build_kimi_moe, indices):
     """Same names and valid bytes; upstream allocates 256 per rank, we 128."""
-    patched = build_small(build_kimi_moe, Topology(TP_SIZE, 5))
-    upstream = build_small(build_kimi_moe, Topology(TP_SIZE, 5), upstream=True)
+    patched = build_small(build_kimi_moe, Rank(Topology(TP_SIZE), tp_rank=5))
+    upstream = build_small(
+        build_kimi_moe, Rank(Topology(TP_SIZE), tp_rank=5), upstream=True
+    )
     mine, theirs = loaded_state(patched, indices), loaded_state(upstream, indices)
     assert list(mine) == list(theirs)
     assert mine["w13_weight"].shape[1] == 2 * 128
@@ -165,7 +174,7 @@ def test_tp32_differs_from_upstream_only_in_partition_width(build_kimi_moe, indi
 @pytest.mark.parametrize("rank", [0, 3])
 def test_expert_parallel_is_byte_identical_to_upstream(build_kimi_moe, indices, rank):
     """EP (4 ranks, one expert each): no padding anywhere, as upstream."""
-    topology = Topology(4, rank, expert_parallel=True)
+    topology = Rank(Topology(4, expert_parallel=True), tp_rank=rank)
     patched = build_small(build_kimi_moe, topology)
     upstream = build_small(build_kimi_moe, topology, upstream=True)
     assert patched.moe_config.moe_parallel_config.use_ep
@@ -175,7 +184,7 @@ def test_expert_parallel_is_byte_identical_to_upstream(build_kimi_moe, indices, 
 
 
 def test_expert_parallel_tp32_real_size_matches_upstream(build_kimi_moe):
-    topology = Topology(TP_SIZE, 31, expert_parallel=True)
+    topology = Rank(Topology(TP_SIZE, expert_parallel=True), tp_rank=31)
     patched = build_kimi_moe(topology)
     upstream = build_kimi_moe(topology, upstream=True)
     assert patched.padded_moe_intermediate_size == 3072

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.models.kimi_k3.kimi_k3_formats import PUBLISHED_FORMATS, UNCOVERED_FORMAT
-from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 TOPOLOGIES = [
     Topology(1),
@@ -84,21 +84,21 @@ PARTITIONS = [
     # (CUTLASS here): 128-row scale tiles
     ("ct-mxfp4", "marlin", [384, 256, 128, 128, 128, 3072]),
     # FP8 block [128, 128]: whole checkpoint blocks per rank
-    ("ct-fp8-block", "triton", [384, 256, 128, 128, 128, 3072]),
-    ("ct-fp8-block", "marlin", [384, 256, 128, 128, 128, 3072]),
-    ("ct-fp8-block", "humming", [384, 256, 128, 128, 128, 3072]),
+    ("fp8-block", "triton", [384, 256, 128, 128, 128, 3072]),
+    ("fp8-block", "marlin", [384, 256, 128, 128, 128, 3072]),
+    ("fp8-block", "humming", [384, 256, 128, 128, 128, 3072]),
     # NVFP4: the logical slice; FlashInfer, Marlin, Humming pad at weight prep
-    ("ct-nvfp4", "flashinfer_cutedsl", [384, 192, 128, 96, 96, 3072]),
-    ("ct-nvfp4", "marlin", [384, 192, 128, 96, 96, 3072]),
-    ("ct-nvfp4", "humming", [384, 192, 128, 96, 96, 3072]),
-    ("ct-nvfp4", "emulation", [384, 192, 128, 96, 96, 3072]),
+    ("nvfp4", "flashinfer_cutedsl", [384, 192, 128, 96, 96, 3072]),
+    ("nvfp4", "marlin", [384, 192, 128, 96, 96, 3072]),
+    ("nvfp4", "humming", [384, 192, 128, 96, 96, 3072]),
+    ("nvfp4", "emulation", [384, 192, 128, 96, 96, 3072]),
     # ... but vLLM's CUTLASS weight prep refuses to pad w13: 2N % 128
-    ("ct-nvfp4", "cutlass", [384, 192, 128, 128, 128, 3072]),
+    ("nvfp4", "cutlass", [384, 192, 128, 128, 128, 3072]),
     ("modelopt-nvfp4", "flashinfer_cutedsl", [384, 192, 128, 96, 96, 3072]),
     ("modelopt-nvfp4", "cutlass", [384, 192, 128, 128, 128, 3072]),
     # INT4 W4A16: groups of 32; Marlin pads at weight prep
-    ("ct-w4a16", "marlin", [384, 192, 128, 96, 96, 3072]),
-    ("ct-w4a16", "humming", [384, 192, 128, 96, 96, 3072]),
+    ("w4a16", "marlin", [384, 192, 128, 96, 96, 3072]),
+    ("w4a16", "humming", [384, 192, 128, 96, 96, 3072]),
     # BF16: Triton takes any size
     ("bf16", "triton", [384, 192, 128, 96, 96, 3072]),
     # no rule: vLLM alone's partition
@@ -129,7 +129,7 @@ def vllm_alone_allocates(outcome, fmt, backend, topology, rows) -> bool:
 # (test_nvfp4_cutlass_weight_prep_refuses_a_pad), and the compressed-tensors
 # MXFP4 method allocates what it is given (its kernels' limit is the MXFP4
 # sizing oracle: test_compressed_tensors_mxfp4_padding).
-CHECKED_AFTER_BUILD = {("ct-nvfp4", "cutlass"), ("modelopt-nvfp4", "cutlass")}
+CHECKED_AFTER_BUILD = {("nvfp4", "cutlass"), ("modelopt-nvfp4", "cutlass")}
 CHECKED_AFTER_BUILD |= {("ct-mxfp4", backend) for _, backend, _ in PARTITIONS}
 
 

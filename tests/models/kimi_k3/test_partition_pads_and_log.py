@@ -14,7 +14,7 @@ from tests.models.kimi_k3.test_never_worse_than_vllm_alone import PARTITIONS
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     routed_experts as routed_experts_partition,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_every_pad_is_zero_before_loading(
         assert not tensor.any(), f"{fmt} on {backend}: {name} holds non-zero pad"
 
 
-@pytest.mark.parametrize("fmt", ["ct-fp8-block", "ct-w4a16", UNCOVERED_FORMAT])
+@pytest.mark.parametrize("fmt", ["fp8-block", "w4a16", UNCOVERED_FORMAT])
 def test_vllm_alone_leaves_its_pad_uninitialised(
     build_small, uninitialised_memory_is_visible, fmt
 ):
@@ -100,7 +100,7 @@ def plugin_log(caplog, monkeypatch):
     ("fmt", "backend", "expected"),
     [
         (
-            "ct-fp8-block",
+            "fp8-block",
             "triton",
             "Kimi-K3 routed experts on CompressedTensorsW8A8Fp8MoEMethod (triton): "
             "128 intermediate rows per GPU (logical 96, vLLM alone 256); smallest "
@@ -129,8 +129,8 @@ def test_one_log_line_per_process_says_what_was_allocated(
 
 @pytest.mark.parametrize("fmt", PUBLISHED_FORMATS)
 def test_every_published_format_has_a_rule(build_small, fmt):
-    from vllm_kimi_k3_moe.formats import partition_rules
+    from vllm_kimi_k3_moe.formats import format_of_method
 
-    backend = {"ct-fp8-block": "triton", "bf16": "triton"}.get(fmt, "marlin")
+    backend = {"fp8-block": "triton", "bf16": "triton"}.get(fmt, "marlin")
     experts = build_small(fmt, backend, Topology(32))
-    assert partition_rules.rule_for(experts.quant_method) is not None, fmt
+    assert format_of_method(experts.quant_method).name == fmt

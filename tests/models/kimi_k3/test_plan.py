@@ -11,17 +11,20 @@ import subprocess
 import pytest
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
+from tests.models.kimi_k3.builders import MXFP4_FORMATS
 from vllm_kimi_k3_moe.tools.cli import main
-from vllm_kimi_k3_moe.tools.plan.planner import plan
-from vllm_kimi_k3_moe.tools.text_config import (
-    KIMI_K3_MOE_TEXT_CONFIG,
-    KIMI_K3_TEXT_CONFIG,
-)
+from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS, KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import Deployment
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
 GB = 1e9
+
+
+def plan(deployment: Deployment):
+    """The MoE-layer figures of ``deployment``'s plan (the whole model built)."""
+    return plan_deployment(KIMI_K3_TEXT_CONFIG, deployment).moe
 
 
 def routed_bytes(experts: int, intermediate: int) -> int:
@@ -78,7 +81,7 @@ def test_shared_and_latent_bytes_at_tp32(kimi_k3_plans):
 
 
 def test_expert_parallel_holds_whole_experts(kimi_model):
-    result = plan(KIMI_K3_MOE_TEXT_CONFIG, Deployment(32, expert_parallel=True))
+    result = plan(Deployment(32, expert_parallel=True))
     assert result.fixed.local_experts == 896 // 32
     assert result.logical_intermediate_per_rank == 3072
     assert result.upstream.intermediate_per_rank == 3072
@@ -90,7 +93,7 @@ def test_expert_parallel_holds_whole_experts(kimi_model):
     ("deployment", "upstream", "fixed"),
     [
         # The compressed-tensors method pads only with the plugin.
-        (Deployment(32, quantization="compressed-tensors"), 256, 128),
+        (Deployment(32, quantization="ct-mxfp4"), 256, 128),
         # b12x plans for the exact dimensions: the fixed layer is the floor.
         (Deployment(32, backend="b12x_mxfp4_bf16"), 256, 96),
         # CUTLASS scale tiles: 128.
@@ -102,7 +105,7 @@ def test_expert_parallel_holds_whole_experts(kimi_model):
     ],
 )
 def test_other_paths_and_kernels(kimi_model, deployment, upstream, fixed):
-    result = plan(KIMI_K3_MOE_TEXT_CONFIG, deployment)
+    result = plan(deployment)
     assert result.upstream.intermediate_per_rank == upstream
     assert result.fixed.intermediate_per_rank == fixed
 
@@ -181,8 +184,8 @@ BAD_INPUT = [
     ("auto backend", ["--moe-backend", "auto"], ["auto", "GPU"]),
     (
         "backend not on compressed-tensors",
-        ["--quantization", "compressed-tensors", "--moe-backend", "deepgemm_mxfp4"],
-        ["'deepgemm_mxfp4'", "compressed-tensors"],
+        ["--quantization", "ct-mxfp4", "--moe-backend", "deepgemm_mxfp4"],
+        ["'deepgemm_mxfp4'", "ct-mxfp4"],
     ),
     ("unknown quantization", ["--quantization", "fp4"], ["'fp4'"]),
     ("gpu memory negative", ["--gpu-memory-gib", "-1"], ["'-1'"]),
@@ -234,17 +237,15 @@ def test_bad_input_is_one_line_and_exit_2(capsys, arguments, words):
             ["lacks", "num_experts", "in text_config"],
         ),
         (
-            json.dumps({**KIMI_K3_MOE_TEXT_CONFIG, "num_experts": "896"}),
+            json.dumps({**KIMI_K3_MOE_FIELDS, "num_experts": "896"}),
             ["num_experts", "'896'"],
         ),
         (
-            json.dumps({"text_config": KIMI_K3_MOE_TEXT_CONFIG}),
+            json.dumps({"text_config": KIMI_K3_MOE_FIELDS}),
             ["lacks", "vocab_size", "linear_attn_config", "attention"],
         ),
         (
-            json.dumps(
-                {"text_config": {**KIMI_K3_MOE_TEXT_CONFIG, "moe_layer_freq": 0}}
-            ),
+            json.dumps({"text_config": {**KIMI_K3_MOE_FIELDS, "moe_layer_freq": 0}}),
             ["moe_layer_freq", "at least 1", "got 0"],
         ),
     ],
@@ -322,13 +323,13 @@ def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
     with; at TP32 none allocates more than upstream's 256 or less than 96."""
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
 
-    from vllm_kimi_k3_moe.tools.topology import BACKENDS, MXFP4_PATHS
+    from vllm_kimi_k3_moe.formats import format_named
 
-    for quantization in MXFP4_PATHS:
-        for backend in BACKENDS[quantization]:
+    for quantization in MXFP4_FORMATS:
+        for backend in format_named(quantization).moe_backends:
             assert backend.upper() in Mxfp4MoeBackend.__members__, backend
             deployment = Deployment(32, backend=backend, quantization=quantization)
-            result = plan(KIMI_K3_MOE_TEXT_CONFIG, deployment)
+            result = plan(deployment)
             assert result.upstream.intermediate_per_rank == 256, backend
             assert result.fixed.intermediate_per_rank in (96, 128), backend
 
@@ -340,10 +341,10 @@ def test_planning_leaves_vllms_kernel_checks_as_they_were(kimi_model):
     )
     from vllm.model_executor.layers.quantization import mxfp4
 
-    from vllm_kimi_k3_moe.tools.build.rank import mxfp4_backend_chosen
+    from vllm_kimi_k3_moe.tools.build.stand_ins import mxfp4_backend_chosen
 
     before = dict(vars(CutlassExpertsMxfp4)), dict(vars(mxfp4))
-    for quantization in ("compressed-tensors", "mxfp4"):
+    for quantization in ("ct-mxfp4", "mxfp4"):
         with mxfp4_backend_chosen(quantization, "marlin"):
             pass
     assert dict(vars(CutlassExpertsMxfp4)) == before[0]

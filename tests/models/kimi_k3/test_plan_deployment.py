@@ -8,14 +8,14 @@ import math
 
 import pytest
 
-from vllm_kimi_k3_moe.formats.published_configs import PUBLISHED_QUANTIZATION_CONFIGS
+from vllm_kimi_k3_moe.formats import FORMAT_NAMES, format_named
 from vllm_kimi_k3_moe.tools.gpu_budget import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     GpuBudget,
 )
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import BACKENDS, QUANTIZATION_PATHS, Deployment
+from vllm_kimi_k3_moe.tools.topology import Deployment
 
 GIB = 2**30
 MLA_LAYERS, KDA_LAYERS = 24, 69
@@ -106,36 +106,18 @@ def test_utilization_outside_zero_one_is_refused(bad):
         GpuBudget(80, utilization=bad)
 
 
-def test_every_format_has_its_published_config():
-    assert (
-        tuple(PUBLISHED_QUANTIZATION_CONFIGS) == QUANTIZATION_PATHS == tuple(BACKENDS)
-    )
-
-
-# Routed-expert method vLLM resolves from each published config.
-METHODS = {
-    "mxfp4": "Mxfp4MoEMethod",
-    "compressed-tensors": "CompressedTensorsW4A4Mxfp4MoEMethod",
-    "fp8-block": "CompressedTensorsW8A8Fp8MoEMethod",
-    "nvfp4": "CompressedTensorsW4A4Nvfp4MoEMethod",
-    "modelopt-nvfp4": "ModelOptNvFp4FusedMoE",
-    "w4a16": "CompressedTensorsWNA16MoEMethod",
-    "bf16": "UnquantizedFusedMoEMethod",
-}
-
-
 @pytest.fixture(scope="module")
 def formats(kimi_model) -> dict[tuple[str, int], object]:
     return {
         (fmt, tp): plan_deployment(
             KIMI_K3_TEXT_CONFIG, Deployment(tp, quantization=fmt)
         )
-        for fmt in QUANTIZATION_PATHS
+        for fmt in FORMAT_NAMES
         for tp in (8, 16, 32)
     }
 
 
-@pytest.mark.parametrize("fmt", QUANTIZATION_PATHS)
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_every_format_builds_whole_and_never_larger(formats, fmt):
     for tp in (8, 16, 32):
         result = formats[fmt, tp]
@@ -148,33 +130,44 @@ def test_every_format_builds_whole_and_never_larger(formats, fmt):
     assert formats[fmt, 32].fixed.total_bytes < formats[fmt, 32].upstream.total_bytes
 
 
-def test_formats_get_their_vllm_methods(kimi_model):
+def test_every_format_gets_its_vllm_method(kimi_model):
+    """vLLM resolves each format's published config to a routed-expert
+    method of that format's record (and none of another's)."""
     import tempfile
     from pathlib import Path
 
-    from vllm_kimi_k3_moe.tools.build.whole_model import build_rank, write_architecture
+    from vllm_kimi_k3_moe.formats import FORMATS, format_of_method
+    from vllm_kimi_k3_moe.tools.build.vllm_config import (
+        served_quantization_config,
+        write_model_dir,
+    )
+    from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
     from vllm_kimi_k3_moe.tools.plan.planner import kimi_moe_classes
     from vllm_kimi_k3_moe.tools.topology import Serving
 
     _, fixed_cls = kimi_moe_classes()
-    for fmt, method in METHODS.items():
-        deployment = Deployment(32, quantization=fmt)
+    for fmt in FORMATS:
+        deployment = Deployment(32, quantization=fmt.name)
         with tempfile.TemporaryDirectory() as directory:
-            architecture = write_architecture(
-                KIMI_K3_TEXT_CONFIG, deployment, Serving(), Path(directory)
+            model_dir = write_model_dir(
+                KIMI_K3_TEXT_CONFIG,
+                served_quantization_config(fmt),
+                Serving(),
+                Path(directory),
             )
             model = build_rank(
-                fixed_cls, KIMI_K3_TEXT_CONFIG, deployment, Serving(), architecture
+                fixed_cls, KIMI_K3_TEXT_CONFIG, deployment, Serving(), model_dir
             ).model
-        experts = model.model.layers[1].block_sparse_moe.experts.routed_experts
-        assert type(experts.quant_method).__name__ == method, fmt
+        method = model.model.layers[1].block_sparse_moe.experts.routed_experts
+        assert type(method.quant_method).__name__ in fmt.vllm_methods, fmt.name
+        assert format_of_method(method.quant_method) is fmt
 
 
 def test_formats_order_by_bytes_per_expert_value_at_tp32(formats):
     """BF16 2 bytes per expert value, FP8 1 (+ block scales), the 4-bit
     formats about half; INT4 and NVFP4 are allocated at the logical 96 rows
     (their kernels pad at weight preparation), MXFP4 at Marlin's 128."""
-    sizes = {fmt: formats[fmt, 32].fixed.total_bytes for fmt in QUANTIZATION_PATHS}
+    sizes = {fmt: formats[fmt, 32].fixed.total_bytes for fmt in FORMAT_NAMES}
     assert sizes["bf16"] > sizes["fp8-block"] > sizes["mxfp4"] > sizes["w4a16"]
     assert sizes["w4a16"] > sizes["nvfp4"] == sizes["modelopt-nvfp4"]
 
@@ -197,9 +190,9 @@ def test_other_topologies_build_whole(kimi_model, deployment):
     assert result.fixed_kv.tokens >= result.upstream_kv.tokens
 
 
-@pytest.mark.parametrize("fmt", [f for f in QUANTIZATION_PATHS if f != "mxfp4"])
+@pytest.mark.parametrize("fmt", [f for f in FORMAT_NAMES if f != "mxfp4"])
 def test_every_offered_backend_builds_the_format(kimi_model, fmt):
-    for backend in BACKENDS[fmt]:
+    for backend in format_named(fmt).moe_backends:
         result = plan_deployment(
             KIMI_K3_TEXT_CONFIG, Deployment(32, backend=backend, quantization=fmt)
         )

@@ -17,12 +17,9 @@ import torch
 import vllm_kimi_k3_moe
 from tests.models.kimi_k3.builders import kimi_k3_text_config
 from vllm_kimi_k3_moe import import_hooks
-from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
-    BackendPaddedKimiMoE,
-    apply,
-    upstream_kimi_moe,
-)
-from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import BackendPaddedKimiMoE, apply
+from vllm_kimi_k3_moe.patching import upstream_class
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 ENTRY_POINT = "kimi_k3_moe"
 NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
@@ -166,7 +163,7 @@ def fresh_registration(kimi_model, monkeypatch, caplog):
 def test_unregister_puts_upstream_back(kimi_model, fresh_registration):
     from vllm.model_executor.layers.fused_moe import routed_experts
 
-    assert kimi_model.KimiMoE is upstream_kimi_moe(kimi_model)
+    assert kimi_model.KimiMoE is upstream_class(kimi_model.KimiMoE)
     assert import_hooks.watched_modules() == frozenset()
     assert not [f for f in sys.meta_path if type(f).__module__ == import_hooks.__name__]
     get_quant_method = routed_experts.RoutedExperts._get_quant_method
@@ -183,7 +180,7 @@ def test_unsupported_vllm_version_is_refused(
     vllm_kimi_k3_moe.register()
     vllm_kimi_k3_moe.register()
 
-    assert kimi_model.KimiMoE is upstream_kimi_moe(kimi_model)
+    assert kimi_model.KimiMoE is upstream_class(kimi_model.KimiMoE)
     assert import_hooks.watched_modules() == frozenset()
     (record,) = fresh_registration.records
     assert record.levelno == logging.WARNING
@@ -196,7 +193,7 @@ def test_rocm_is_refused(kimi_model, fresh_registration, monkeypatch):
     monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
     vllm_kimi_k3_moe.register()  # both modules are imported: hooks run now
 
-    assert kimi_model.KimiMoE is upstream_kimi_moe(kimi_model)
+    assert kimi_model.KimiMoE is upstream_class(kimi_model.KimiMoE)
     (record,) = fresh_registration.records
     assert "vllm.models.kimi_k3.amd" in record.getMessage()
     assert "nothing patched" in record.getMessage()
@@ -214,11 +211,15 @@ def _patched_modules():
     from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
         routed_experts as routed_experts_partition,
     )
+    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
+        strict_expert_loading,
+    )
     from vllm_kimi_k3_moe.model_executor.model_loader import default_loader
     from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model
 
     return [
         (model, NVIDIA_MODEL, lambda m: m.KimiMoE),
+        (strict_expert_loading, NVIDIA_MODEL, lambda m: m.KimiMoE),
         (
             routed_experts_partition,
             vllm_kimi_k3_moe.ROUTED_EXPERTS,
@@ -232,7 +233,9 @@ def _patched_modules():
     ]
 
 
-@pytest.mark.parametrize("index", range(3), ids=["model", "partition", "loader"])
+@pytest.mark.parametrize(
+    "index", range(4), ids=["model", "strict", "partition", "loader"]
+)
 def test_each_patch_applies_once_and_reverts_to_upstream(kimi_model, index):
     patch, module_name, patched_object = _patched_modules()[index]
     upstream = importlib.import_module(module_name)
@@ -251,3 +254,29 @@ def test_each_patch_applies_once_and_reverts_to_upstream(kimi_model, index):
     finally:
         patch.revert(upstream)
         patch.apply(upstream)
+
+
+def test_padding_and_strict_loading_are_independent_patches(kimi_model):
+    """Deleting the padding patch (as when vLLM ships the fix) keeps strict
+    loading, and the other way round: each patch adds and removes only its
+    own layer of ``KimiMoE``."""
+    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
+        strict_expert_loading,
+    )
+    from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model
+
+    strict = strict_expert_loading.StrictlyLoadedKimiMoE
+    try:
+        model.revert(kimi_model)
+        assert issubclass(kimi_model.KimiMoE, strict)
+        assert not issubclass(kimi_model.KimiMoE, BackendPaddedKimiMoE)
+        strict_expert_loading.revert(kimi_model)
+        assert kimi_model.KimiMoE is upstream_class(kimi_model.KimiMoE)
+        model.apply(kimi_model)
+        assert issubclass(kimi_model.KimiMoE, BackendPaddedKimiMoE)
+        assert not issubclass(kimi_model.KimiMoE, strict)
+    finally:
+        model.apply(kimi_model)
+        strict_expert_loading.apply(kimi_model)
+    assert issubclass(kimi_model.KimiMoE, strict)
+    assert issubclass(kimi_model.KimiMoE, BackendPaddedKimiMoE)

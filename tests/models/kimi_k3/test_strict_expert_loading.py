@@ -10,6 +10,7 @@ import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import (
+    build_kimi_moe_layer,
     kimi_k3_text_config,
     on_both_quantization_paths,
     routed_experts,
@@ -23,7 +24,8 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     strict_expert_loading as strict_loading,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Topology, build_kimi_moe_layer
+from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256
 EXPERTS = k3.SMALL_NUM_EXPERTS  # 4
@@ -37,7 +39,7 @@ def checkpoint() -> dict:
     return {key: digit_plane(value, 0) for key, value in indices.items()}
 
 
-TP32_RANK0 = Topology(32, 0)
+TP32_RANK0 = Rank(Topology(32), tp_rank=0)
 
 
 def build(build_kimi_moe, quantization="mxfp4", topology=TP32_RANK0):
@@ -186,13 +188,17 @@ def test_complete_checkpoint_passes(build_kimi_moe, checkpoint, quantization):
 def test_expert_parallel_rank_needs_only_its_experts(build_kimi_moe, checkpoint):
     """EP over 4 ranks: rank 1 holds expert 1 only. Tensors of other experts are
     still shape-checked but neither stored nor expected."""
-    experts = build(build_kimi_moe, topology=Topology(4, 1, expert_parallel=True))
+    experts = build(
+        build_kimi_moe, topology=Rank(Topology(4, expert_parallel=True), tp_rank=1)
+    )
     load_checkpoint(experts, {k: v for k, v in checkpoint.items() if k[0] != 3})
     ledger(experts).check_complete()
     with pytest.raises(ValueError, match="expert 3"):
         load_checkpoint(experts, {(3, "w1", "weight"): torch.ones(3072, 64)})
 
-    other_rank = build(build_kimi_moe, topology=Topology(4, 3, expert_parallel=True))
+    other_rank = build(
+        build_kimi_moe, topology=Rank(Topology(4, expert_parallel=True), tp_rank=3)
+    )
     load_checkpoint(other_rank, {k: v for k, v in checkpoint.items() if k[0] != 3})
     with pytest.raises(ValueError, match=re.escape("expert 3 (w1.weight_packed,")):
         ledger(other_rank).check_complete()

@@ -9,19 +9,19 @@ import torch
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     strict_expert_loading as strict_loading,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Topology
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 F8 = torch.float8_e4m3fn
 # Checkpoint tensors of one expert at hidden 256 and intermediate 3072, per
 # format: (projection, suffix, shape, dtype). Projections w1/w3 are
 # [3072, 256] and w2 [256, 3072] before packing or grouping.
 FORMATS = {
-    "ct-fp8-block": (
+    "fp8-block": (
         "triton",  # float8 weights, one scale per 128 x 128 block
         [("weight", (3072, 256), (256, 3072), F8),
          ("weight_scale", (24, 2), (2, 24), torch.float32)],
     ),
-    "ct-nvfp4": (
+    "nvfp4": (
         "flashinfer_cutedsl",  # FP4 two per byte, float8 scale per 16
         [("weight_packed", (3072, 128), (256, 1536), torch.uint8),
          ("weight_scale", (3072, 16), (256, 192), F8)],
@@ -31,7 +31,7 @@ FORMATS = {
         [("weight", (3072, 128), (256, 1536), torch.uint8),
          ("weight_scale", (3072, 16), (256, 192), F8)],
     ),
-    "ct-w4a16": (
+    "w4a16": (
         "marlin",  # eight int4 per int32, one scale per 32
         [("weight_packed", (3072, 32), (256, 384), torch.int32),
          ("weight_scale", (3072, 8), (256, 96), torch.bfloat16)],

@@ -9,21 +9,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
+from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.patching import upstream_class
 from vllm_kimi_k3_moe.tools.build import stand_ins as cpu_stand_ins
-from vllm_kimi_k3_moe.tools.build.rank import Topology, simulated_rank
+from vllm_kimi_k3_moe.tools.build.allocation import COMPONENTS
+from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
+from vllm_kimi_k3_moe.tools.build.vllm_config import (
+    served_quantization_config,
+    write_model_dir,
+)
 from vllm_kimi_k3_moe.tools.build.whole_model import (
-    COMPONENTS,
+    RankBuild,
     build_rank,
     kimi_moe_class,
-    write_architecture,
 )
-from vllm_kimi_k3_moe.tools.plan.planner import plan
-from vllm_kimi_k3_moe.tools.text_config import (
-    KIMI_K3_MOE_TEXT_CONFIG,
-    KIMI_K3_TEXT_CONFIG,
-)
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, Topology
 
 VOCAB = 163840
 HIDDEN = 7168
@@ -39,18 +40,32 @@ def sizes(kimi_k3_deployment_plans) -> dict[int, object]:
     return kimi_k3_deployment_plans
 
 
-@pytest.mark.parametrize("upstream", [False, True])
-def test_the_language_model_builds_at_tp32_rank0_on_meta(kimi_model, upstream):
-    fixed_cls = kimi_model.KimiMoE
-    kimi_moe_cls = upstream_kimi_moe(kimi_model) if upstream else fixed_cls
+def build_tp32(kimi_moe_cls: type) -> RankBuild:
     deployment, serving = Deployment(32), Serving()
     with tempfile.TemporaryDirectory() as directory:
-        architecture = write_architecture(
-            KIMI_K3_TEXT_CONFIG, deployment, serving, Path(directory)
+        model_dir = write_model_dir(
+            KIMI_K3_TEXT_CONFIG,
+            served_quantization_config(mxfp4.RELEASE),
+            serving,
+            Path(directory),
         )
-        model = build_rank(
-            kimi_moe_cls, KIMI_K3_TEXT_CONFIG, deployment, serving, architecture
-        ).model
+        return build_rank(
+            kimi_moe_cls, KIMI_K3_TEXT_CONFIG, deployment, serving, model_dir
+        )
+
+
+@pytest.fixture(scope="module")
+def tp32_fixed(kimi_model) -> RankBuild:
+    return build_tp32(kimi_model.KimiMoE)
+
+
+@pytest.mark.parametrize("upstream", [False, True])
+def test_the_language_model_builds_at_tp32_rank0_on_meta(
+    kimi_model, tp32_fixed, upstream
+):
+    fixed_cls = kimi_model.KimiMoE
+    kimi_moe_cls = upstream_class(kimi_model.KimiMoE) if upstream else fixed_cls
+    model = build_tp32(kimi_moe_cls).model if upstream else tp32_fixed.model
     assert type(model) is kimi_model.KimiLinearForCausalLM
     assert kimi_model.KimiMoE is fixed_cls  # the swap was undone
     assert all(p.device.type == "meta" for p in model.parameters())
@@ -69,15 +84,24 @@ def test_the_language_model_builds_at_tp32_rank0_on_meta(kimi_model, upstream):
 
 
 @pytest.mark.parametrize("tp", [8, 32])
-def test_routed_experts_are_the_planners_times_the_moe_layers(sizes, tp):
-    moe_plan = plan(KIMI_K3_MOE_TEXT_CONFIG, Deployment(tp))
+@pytest.mark.parametrize("upstream", [False, True])
+def test_routed_experts_are_one_layer_built_alone_times_the_moe_layers(
+    sizes, build_kimi_moe, tp, upstream
+):
+    """The plan's routed experts equal a ``KimiMoE`` built on its own (native
+    MXFP4 on Marlin, the tests' own build) times the 92 MoE layers."""
+    layer = build_kimi_moe(Topology(tp), upstream=upstream)
+    routed_bytes = sum(
+        p.numel() * p.element_size()
+        for name, p in layer.named_parameters()
+        if name.startswith(
+            ("experts.routed_experts.w13_", "experts.routed_experts.w2_")
+        )
+    )
     size = sizes[tp]
     assert size.moe.moe_layers == MOE_LAYERS
-    assert size.moe.upstream == moe_plan.upstream  # its first MoE layer
-    assert size.moe.fixed == moe_plan.fixed
-    routed = "moe_routed_experts"
-    assert size.upstream.components[routed] == moe_plan.upstream.routed_bytes * 92
-    assert size.fixed.components[routed] == moe_plan.fixed.routed_bytes * 92
+    allocation = size.upstream if upstream else size.fixed
+    assert allocation.components["moe_routed_experts"] == routed_bytes * MOE_LAYERS
 
 
 def test_the_plugin_shrinks_the_model_at_tp32_only(sizes):
@@ -106,11 +130,55 @@ def test_embeddings_and_lm_head_are_a_vocab_slice_in_bf16(sizes, tp, embedding_b
         assert allocation.components["lm_head"] == embedding_bytes  # not tied
 
 
-def test_every_component_is_counted(sizes):
-    for allocation in (sizes[32].upstream, sizes[32].fixed):
-        assert set(allocation.components) == set(COMPONENTS)
-        assert all(n > 0 for n in allocation.components.values())
-        assert allocation.total_bytes == sum(allocation.components.values())
+def _bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def test_components_add_up_by_module_structure(kimi_model, tp32_fixed):
+    """The components, summed here from the model's module tree (not from
+    parameter names, as the planner does), and the total."""
+    model = tp32_fixed.model
+    layers = model.model.layers
+    attention = {"mla_attention": 0, "kda_attention": 0}
+    routed = moe_other = dense = 0
+    for layer in layers:
+        kind = type(layer.self_attn).__name__
+        key = "mla_attention" if kind == "MultiHeadLatentAttention" else "kda_attention"
+        attention[key] += _bytes(layer.self_attn)
+        if layer.is_moe_layer:
+            experts = layer.mlp.experts.routed_experts
+            routed += sum(
+                p.numel() * p.element_size()
+                for name, p in experts.named_parameters()
+                if name.startswith(("w13_", "w2_"))
+            )
+            moe_other += _bytes(layer.mlp)
+        else:
+            dense += _bytes(layer.mlp)
+    moe_other -= routed
+    expected = {
+        "embeddings": _bytes(model.model.embed_tokens),
+        "lm_head": _bytes(model.lm_head),
+        **attention,
+        "dense_mlp": dense,
+        "moe_routed_experts": routed,
+        "moe_other": moe_other,
+    }
+    components = tp32_fixed.allocation.components
+    assert {k: components[k] for k in expected} == expected
+    assert tp32_fixed.allocation.total_bytes == _bytes(model)
+    assert set(components) == set(COMPONENTS)
+
+
+def test_every_parameter_belongs_to_a_vllm_module(tp32_fixed):
+    """Nothing the CPU stand-ins put in the model holds a parameter: every
+    parameter's owner is a module class of vLLM's."""
+    owners = {
+        type(module).__module__
+        for module in tp32_fixed.model.modules()
+        if any(True for _ in module.parameters(recurse=False))
+    }
+    assert owners and all(name.startswith("vllm.") for name in owners), owners
 
 
 def _state(kimi_model) -> dict[str, object]:
@@ -132,7 +200,7 @@ def test_stand_ins_are_entered_and_left(kimi_model):
     from vllm.models.kimi_k3.nvidia import mla
 
     before = _state(kimi_model)
-    upstream = upstream_kimi_moe(kimi_model)
+    upstream = upstream_class(kimi_model.KimiMoE)
     with cpu_stand_ins.cuda_streams_and_events():
         assert torch.cuda.Stream is cpu_stand_ins.CudaStreamStandIn
         assert torch.cuda.Event is cpu_stand_ins.CudaStreamStandIn
@@ -156,12 +224,3 @@ def test_stand_ins_are_entered_and_left(kimi_model):
         assert torch.cuda.Stream is cpu_stand_ins.CudaStreamStandIn
         raise RuntimeError("left by an error")
     assert _state(kimi_model) == before
-
-
-def test_stand_ins_hold_no_parameters():
-    for stand_in in (
-        cpu_stand_ins.CudaStreamStandIn(),
-        cpu_stand_ins.MlaKernelStandIn(num_heads=3, head_size=576),
-    ):
-        assert not isinstance(stand_in, torch.nn.Module)
-        assert not any(isinstance(v, torch.Tensor) for v in vars(stand_in).values())

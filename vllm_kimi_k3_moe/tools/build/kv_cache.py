@@ -18,6 +18,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_kimi_k3_moe.tools.build.stand_ins import kda_prefill_kernel_of_the_gpu
+
 
 @dataclass(frozen=True)
 class KvCacheShape:
@@ -71,8 +73,6 @@ class KvCachePlanner:
             register_all_kvcache_specs,
         )
         from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
-
-        from vllm_kimi_k3_moe.tools.build.stand_ins import kda_prefill_kernel_of_the_gpu
 
         self.vllm_config = vllm_config
         kda_prefill_kernel_of_the_gpu(vllm_config)

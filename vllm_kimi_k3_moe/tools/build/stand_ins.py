@@ -7,9 +7,11 @@ attention kernel objects (chosen for, and sized to, the GPU the model runs
 on), the GPU's compute-unit count, and the device checks by which vLLM picks
 an MoE kernel. Each stand-in below replaces one of those for the duration of
 a ``with`` block and holds no parameters, so every parameter the model
-allocates is vLLM's own; everything it replaces is restored on exit. The
-parallel groups are ``simulated_rank``'s. The planner and the test suite
-share these (the suite keeps only stand-ins for parts it replaces whole).
+allocates is vLLM's own; everything it replaces is restored on exit
+(``patching.replaced_attributes``). The parallel groups are
+``rank.simulated_rank``'s. The planner and the test suite share these (the
+suite keeps only stand-ins for parts it replaces whole). The ledger of all
+of them is ``vllm_kimi_k3_moe.tools.build``'s docstring.
 
 ``current_platform.num_compute_units()`` (which a CPU platform does not
 implement) needs no stand-in: only the MLA kernel objects ask for it, and
@@ -25,7 +27,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.build.rank import replaced_attributes
+from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.patching import replaced_attributes
+from vllm_kimi_k3_moe.tools.topology import Deployment
 
 
 class CudaStreamStandIn:
@@ -271,3 +275,48 @@ def moe_kernels_on_their_gpu() -> Iterator[None]:
             )
         )
         yield
+
+
+@contextmanager
+def mxfp4_backend_chosen(quantization: str, backend: str) -> Iterator[None]:
+    """Make vLLM's MXFP4 MoE method of format ``quantization`` (``mxfp4`` or
+    ``ct-mxfp4``) run ``backend`` (an ``Mxfp4MoeBackend`` name, any case),
+    as the platform check would on a GPU that runs it: the native method's
+    selector, or the compressed-tensors method's CUTLASS device check,
+    answers for the GPU this machine may not have."""
+    from vllm.model_executor.layers.fused_moe.experts.cutlass_moe import (
+        CutlassExpertsMxfp4,
+    )
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
+        Mxfp4MoeBackend,
+        backend_to_kernel_cls,
+    )
+    from vllm.model_executor.layers.quantization import mxfp4 as vllm_mxfp4
+
+    chosen = Mxfp4MoeBackend[backend.upper()]
+    if quantization == mxfp4.COMPRESSED_TENSORS.name:
+        cutlass = chosen == Mxfp4MoeBackend.CUTLASS_MXFP4_MXFP4
+        with replaced_attributes(
+            CutlassExpertsMxfp4, _supports_current_device=staticmethod(lambda: cutlass)
+        ):
+            yield
+        return
+    experts_cls = backend_to_kernel_cls(chosen)[0]
+    with replaced_attributes(
+        vllm_mxfp4,
+        select_deepseek_v4_mxfp4_moe_backend=lambda moe: (chosen, experts_cls),
+    ):
+        yield
+
+
+MXFP4_FORMATS = (mxfp4.RELEASE.name, mxfp4.COMPRESSED_TENSORS.name)
+
+
+def moe_kernel_of_the_gpu(deployment: Deployment) -> Any:
+    """The MoE kernel ``deployment`` names, chosen as on its GPU: an MXFP4
+    format's by ``mxfp4_backend_chosen`` (its names are ``Mxfp4MoeBackend``'s),
+    another format's by vLLM's own selection with every kernel's device check
+    answering as on its GPU (``moe_kernels_on_their_gpu``)."""
+    if deployment.quantization in MXFP4_FORMATS:
+        return mxfp4_backend_chosen(deployment.quantization, deployment.backend)
+    return moe_kernels_on_their_gpu()

@@ -4,7 +4,7 @@ From ``config.json`` and the safetensors shard headers alone (no tensor
 data, no torch, no vLLM), every routed-expert tensor vLLM's Kimi-K3 loader
 maps is looked for: for each MoE layer (the MTP draft's included) and each
 expert, the gate (w1), up (w3) and down (w2) projections' tensors in the
-checkpoint's format (``checkpoint_formats``), each present once, with the
+checkpoint's format (``vllm_kimi_k3_moe.formats``), each present once, with the
 dtype and logical shape of that format. The topology must split the experts
 evenly. Everything wrong is collected, not just the first thing.
 """
@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.formats.layouts import PROJECTIONS, CheckpointFormat
-from vllm_kimi_k3_moe.formats.recognition import FormatError, checkpoint_format
+from vllm_kimi_k3_moe.formats import CheckpointFormat, FormatError, recognise
 from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
     CheckpointDirError,
     CheckpointTensors,
@@ -25,6 +24,7 @@ from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
 )
 from vllm_kimi_k3_moe.tools.text_config import (
     ConfigFileError,
+    language_model_fields,
     main_moe_layers,
     mtp_moe_layers,
     read_config_document,
@@ -32,9 +32,9 @@ from vllm_kimi_k3_moe.tools.text_config import (
 )
 from vllm_kimi_k3_moe.tools.topology import (
     DeploymentError,
-    Parallelism,
+    Topology,
     validate_backend,
-    validate_parallelism,
+    validate_topology,
 )
 
 CONFIG_FILE = "config.json"
@@ -70,6 +70,8 @@ class KimiK3Layout:
     text_config: dict[str, Any]
     format: CheckpointFormat
     prefix: str
+    # the whole language model's config, read only when asked (--moe-backend)
+    language_model: dict[str, Any] | None = None
 
     @property
     def hidden(self) -> int:
@@ -101,17 +103,10 @@ class KimiK3Layout:
         """Checkpoint name -> (logical shape, a list as shard headers give
         shapes; the dtypes it may have) of every routed-expert tensor."""
         per_projection = {
-            (projection, tensor.suffix): (
-                list(tensor.shape(projection, self.hidden, self.intermediate)),
-                tensor.dtypes,
-            )
-            for projection in PROJECTIONS
-            for tensor in self.format.sharded
-        }
-        per_projection |= {
-            (projection, scalar.suffix): (list(scalar.shape), scalar.dtypes)
-            for projection in PROJECTIONS
-            for scalar in self.format.scalars
+            key: (list(shape), dtypes)
+            for key, (shape, dtypes) in self.format.tensors.expected(
+                self.hidden, self.intermediate
+            ).items()
         }
         return {
             f"{self.prefix}{layer}.block_sparse_moe.experts.{expert}."
@@ -122,12 +117,14 @@ class KimiK3Layout:
         }
 
 
-def read_layout(directory: Path) -> KimiK3Layout:
-    """The expert layout promised by ``directory``'s ``config.json``."""
+def read_layout(directory: Path, language_model: bool = False) -> KimiK3Layout:
+    """The expert layout promised by ``directory``'s ``config.json`` (and,
+    if asked, the whole language model's config, for building it)."""
     config_path = directory / CONFIG_FILE
     try:
         document = read_config_document(config_path)
         text_config = text_config_fields(document, config_path)
+        whole = language_model_fields(document, config_path) if language_model else None
     except ConfigFileError as error:
         raise PreflightInputError(str(error)) from None
     nested = document.get("text_config")
@@ -141,13 +138,14 @@ def read_layout(directory: Path) -> KimiK3Layout:
         except ConfigFileError as error:
             raise PreflightInputError(str(error)) from None
     try:
-        fmt = checkpoint_format(quantization_config, hf_quant_config, str(config_path))
+        fmt = recognise(quantization_config, hf_quant_config, str(config_path))
     except FormatError as error:
         raise PreflightInputError(str(error)) from None
     return KimiK3Layout(
         text_config=text_config,
         format=fmt,
         prefix=MULTIMODAL_PREFIX if nested is not None else TEXT_ONLY_PREFIX,
+        language_model=whole,
     )
 
 
@@ -165,7 +163,7 @@ class RankShare:
 class PreflightReport:
     directory: Path
     layout: KimiK3Layout
-    parallelism: Parallelism
+    parallelism: Topology
     shards: int = 0
     total_bytes: int = 0
     expert_bytes: int = 0
@@ -238,7 +236,7 @@ def _compare(
                     "looks like a routed-expert tensor but is not one of "
                     f"layers {layer_ranges(report.layout.layers)} x experts 0-"
                     f"{report.layout.num_experts - 1} x w1/w2/w3 x "
-                    f"{'/'.join(report.layout.format.suffixes)} under "
+                    f"{'/'.join(report.layout.format.tensors.suffixes)} under "
                     f"{report.layout.prefix}; vLLM's Kimi-K3 loader has no "
                     "parameter for it",
                 )
@@ -253,21 +251,16 @@ def layer_ranges(layers: list[int]) -> str:
 
 
 def preflight(
-    directory: Path, parallelism: Parallelism, backend: str | None = None
+    directory: Path, parallelism: Topology, backend: str | None = None
 ) -> PreflightReport:
     """Check ``directory``'s routed experts for ``parallelism`` (and that
     ``backend``, if named, is an MoE kernel of the checkpoint's path)."""
     if not directory.is_dir():
         raise PreflightInputError(f"checkpoint directory {directory} does not exist")
-    layout = read_layout(directory)
+    layout = read_layout(directory, language_model=backend is not None)
     if backend is not None:
-        if layout.format.plan_path is None:
-            raise PreflightInputError(
-                f"--moe-backend sizes vLLM's layer for MXFP4 checkpoints only; "
-                f"this one is {layout.format.name}: run check without it"
-            )
         try:
-            validate_backend(layout.format.plan_path, backend)
+            validate_backend(layout.format.format.name, backend)
         except DeploymentError as error:
             raise PreflightInputError(str(error)) from None
     try:
@@ -276,7 +269,7 @@ def preflight(
         raise PreflightInputError(str(error)) from None
     report = PreflightReport(directory, layout, parallelism)
     try:
-        validate_parallelism(layout.text_config, parallelism)
+        validate_topology(layout.text_config, parallelism, layout.format.format)
     except DeploymentError as error:
         report.problems.append(
             Problem("topology", parallelism.label("subject"), str(error))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats.layouts import PROJECTIONS
 from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport, layer_ranges
 from vllm_kimi_k3_moe.tools.plan.planner import MoeMemoryPlan
@@ -19,7 +20,7 @@ def _bytes(count: int) -> str:
 def summary(report: PreflightReport) -> list[str]:
     layout = report.layout
     main, mtp = layout.main_layers, layout.mtp_layers
-    suffixes = layout.format.suffixes
+    suffixes = layout.format.tensors.suffixes
     per_expert = len(PROJECTIONS) * len(suffixes)
     expected = len(layout.layers) * layout.num_experts * per_expert
     lines = [
@@ -61,7 +62,7 @@ def allocation(plan: MoeMemoryPlan) -> list[str]:
     """vLLM's allocation for the deployment, upstream and with the plugin."""
     totals = plan.all_moe_layers
     return [
-        f"allocated   on {plan.deployment.backend}, by vLLM 0.33.0's own layer: "
+        f"allocated   on {plan.deployment.backend}, by {VLLM}'s own layer: "
         f"{plan.fixed.intermediate_per_rank} intermediate rows per expert with "
         f"this plugin (upstream {plan.upstream.intermediate_per_rank}); routed "
         f"experts {_bytes(totals['fixed_routed_bytes'])} per GPU over the "

@@ -5,19 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from vllm_kimi_k3_moe.tools.plan.planner import DeploymentPlan
+from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
 
 GB = 10**9
-
-QUANTIZATION_NAMES = {
-    "mxfp4": "native MXFP4 (the release)",
-    "compressed-tensors": "compressed-tensors MXFP4",
-    "fp8-block": "compressed-tensors FP8 block [128,128]",
-    "nvfp4": "compressed-tensors NVFP4",
-    "modelopt-nvfp4": "ModelOpt NVFP4",
-    "w4a16": "compressed-tensors INT4 W4A16",
-    "bf16": "BF16",
-}
 
 
 def _gb(num_bytes: int) -> str:
@@ -97,7 +88,7 @@ def table(plans: Sequence[DeploymentPlan]) -> str:
     d = first.deployment
     notes = [
         "experts: routed experts per GPU. I per rank: routed-expert intermediate",
-        "size per GPU: the logical slice, what vLLM 0.33.0 allocates (upstream)",
+        f"size per GPU: the logical slice, what {VLLM} allocates (upstream)",
         "and what it allocates with this plugin (fixed). floor: the routed experts",
         "at exactly the logical size. whole model: every parameter of vLLM's",
         "Kimi-K3 language model on one GPU (embeddings, lm_head, MLA and KDA",
@@ -120,7 +111,7 @@ def table(plans: Sequence[DeploymentPlan]) -> str:
         ]
     return "\n".join(
         [
-            f"Kimi-K3 per GPU: {QUANTIZATION_NAMES[d.quantization]} on {d.backend}, "
+            f"Kimi-K3 per GPU: {d.format.title} on {d.backend}, "
             f"{layers} MoE layers, GB = 10^9 bytes",
             "",
             *_render(groups, rows),

@@ -23,8 +23,8 @@ Why
 How
     ``RoutedExperts.__init__`` asks the method's ``maybe_roundup_sizes`` for
     the per-rank partition, then calls ``create_weights``. During a Kimi-K3
-    build the first answers, from the rules in
-    ``vllm_kimi_k3_moe.formats.partition_rules``: the
+    build the first answers, from the partition rule of the method's format
+    (``vllm_kimi_k3_moe.formats``): the
     smallest partition the method's kernel accepts (each rule calls the vLLM
     check that enforces it), never above what vLLM alone would allocate (the
     method's own rounding of the model-level size). A method without a rule
@@ -56,8 +56,8 @@ from typing import Any
 
 import torch
 
-from vllm_kimi_k3_moe.formats import partition_rules
-from vllm_kimi_k3_moe.formats.partition_rules import RoundUp
+from vllm_kimi_k3_moe.formats import format_of_method
+from vllm_kimi_k3_moe.formats.record import RoundUp
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
     KimiMoEBuild,
     current_kimi_moe_build,
@@ -103,11 +103,12 @@ def choose_partition(
         # FusedMoEConfig.__post_init__: intermediate_size // tp_size, as vLLM
         # alone computes it from the model-level size it is handed.
         upstream = round_up(hidden, build.model_level_size // tp_size)
-        rule = partition_rules.rule_for(method)
-        if rule is None:
+        fmt = format_of_method(method)
+        if fmt is None:
             allocated = upstream
             reason = "no rule for this method: vLLM alone's partition, zeroed"
         else:
+            rule = fmt.partition_rule
             smallest = rule.smallest_partition(method, hidden, own, round_up, upstream)
             allocated = min(smallest, upstream)
             if rule.adopt is not None and allocated == smallest:
@@ -117,12 +118,32 @@ def choose_partition(
             reason = f"smallest partition accepted ({rule.name})"
     return PartitionChoice(
         method=type(method).__name__,
-        backend=partition_rules.backend_name(method),
+        backend=backend_name(method),
         logical=logical,
         upstream=upstream,
         allocated=allocated,
         reason=reason,
     )
+
+
+BACKEND_ATTRIBUTES = (
+    "mxfp4_backend",
+    "fp8_backend",
+    "nvfp4_backend",
+    "wna16_backend",
+    "unquantized_backend",
+)
+
+
+def backend_name(method: Any) -> str:
+    """The MoE kernel ``method`` selected, as vLLM's backend enums name it."""
+    if getattr(method, "use_cutlass_mxfp4", False):
+        return "cutlass_mxfp4_mxfp4"
+    for attribute in BACKEND_ATTRIBUTES:
+        backend = getattr(method, attribute, None)
+        if backend is not None:
+            return str(getattr(backend, "name", backend)).lower()
+    return "unknown backend"
 
 
 def zero_expert_tensors(layer: torch.nn.Module) -> None:

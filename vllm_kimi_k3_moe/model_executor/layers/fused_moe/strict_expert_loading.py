@@ -3,14 +3,17 @@
 Patch ledger entry
 ------------------
 Replaces
-    For the routed experts of each Kimi-K3 NVIDIA ``KimiMoE`` (main model and
-    MTP draft) in a format whose checkpoint layout is known
-    (``expert_tensor_layouts``: MXFP4 native and compressed-tensors, FP8
-    block, NVFP4 compressed-tensors and ModelOpt, INT4 W4A16, BF16): the
-    ``weight_loader`` attribute of each TP-sharded expert weight and scale
-    parameter (upstream: the bound ``RoutedExperts.weight_loader``) and the
-    layer's ``quant_method.process_weights_after_loading``. Both are instance
-    attributes; no vLLM class or other model is touched. Per-tensor scales
+    ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` by a subclass layer
+    (``patching.add_subclass_layer``, independent of the padding patch's)
+    whose ``__init__`` runs upstream's, then installs strict loading. For
+    the routed experts of each Kimi-K3 NVIDIA ``KimiMoE`` (main model and
+    MTP draft) in a format the registry knows (``vllm_kimi_k3_moe.formats``:
+    MXFP4 native and compressed-tensors, FP8 block, NVFP4 compressed-tensors
+    and ModelOpt, INT4 W4A16, BF16) it replaces the ``weight_loader``
+    attribute of each TP-sharded expert weight and scale parameter
+    (upstream: the bound ``RoutedExperts.weight_loader``) and the layer's
+    ``quant_method.process_weights_after_loading``. Both are instance
+    attributes; no other vLLM class or model is touched. Per-tensor scales
     (NVFP4 global scales, W4A16 ``weight_shape``) load as upstream.
 Why
     vLLM 0.33.0's generic expert loader narrows or partially copies
@@ -51,17 +54,18 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
 
-from vllm_kimi_k3_moe.formats import layouts
+from vllm_kimi_k3_moe.formats import format_of_method
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensorLayout
-from vllm_kimi_k3_moe.formats.method_kinds import method_kind
 from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
     checkpoint_key_of,
 )
+from vllm_kimi_k3_moe.patching import add_subclass_layer, remove_subclass_layer
 
 # Expert parameters: "w13_weight_packed" -> (w13, weight_packed)
 _EXPERT_PARAMETER = re.compile(r"(w13|w2)_(\w+)")
@@ -237,38 +241,18 @@ def _describe(missing: list[ExpertSlice], max_experts: int = 16) -> str:
 
 
 def expert_layouts(method: Any) -> tuple[str, dict[str, ExpertTensorLayout]] | None:
-    """The checkpoint format of ``method``'s experts and, per expert parameter
-    suffix (``w13_<suffix>``), the layout of the checkpoint tensors it loads;
-    None for a method whose checkpoint layout the plugin does not know."""
-    kind = method_kind(method)
-    if kind == "native-mxfp4":
-        # Native MXFP4 names its packed parameter w13_weight; the loader
-        # renames the checkpoint's weight_packed to it.
-        packed, scale = layouts.mxfp4()
-        return "MXFP4", {"weight": packed, "weight_scale": scale}
-    if kind == "ct-mxfp4":
-        return "MXFP4", _by_suffix(layouts.mxfp4())
-    if kind == "ct-fp8-block":
-        block_out, block_in = method.weight_block_size
-        return "FP8 block", _by_suffix(layouts.fp8_block(block_out, block_in))
-    if kind == "ct-nvfp4":
-        return "NVFP4", _by_suffix(layouts.nvfp4("weight_packed"))
-    if kind == "modelopt-nvfp4":
-        return "ModelOpt NVFP4", _by_suffix(layouts.nvfp4("weight"))
-    if kind == "ct-wna16":
-        bits = method.num_bits
-        return f"INT{bits} W{bits}A16", _by_suffix(
-            layouts.int_packed(bits, method.group_size)
-        )
-    if kind == "bf16":
-        return "BF16", _by_suffix(layouts.unquantized())
-    return None  # native FP8 and unknown methods: layout not known here
-
-
-def _by_suffix(
-    tensor_layouts: tuple[ExpertTensorLayout, ...],
-) -> dict[str, ExpertTensorLayout]:
-    return {layout.suffix: layout for layout in tensor_layouts}
+    """The checkpoint format of ``method``'s experts (as errors name it) and,
+    per expert parameter suffix (``w13_<suffix>``), the layout of the
+    checkpoint tensors it loads; None for a method no known format is
+    loaded by."""
+    fmt = format_of_method(method)
+    if fmt is None:
+        return None
+    tensors = fmt.tensors_of_method(method)
+    return tensors.label, {
+        fmt.parameter_suffixes.get(layout.suffix, layout.suffix): layout
+        for layout in tensors.sharded
+    }
 
 
 def make_expert_loading_strict(
@@ -319,3 +303,24 @@ def _install(
 def expert_loading(experts: nn.Module) -> StrictExpertLoading | None:
     """The strict-loading ledger of a Kimi-K3 ``RoutedExperts``, if installed."""
     return getattr(experts, "kimi_k3_expert_loading", None)
+
+
+class StrictlyLoadedKimiMoE:
+    """Put in front of upstream ``KimiMoE`` in the patched class's MRO."""
+
+    def __init__(
+        self, config: Any, vllm_config: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        super().__init__(config, vllm_config, *args, **kwargs)
+        make_expert_loading_strict(self, config.moe_intermediate_size, vllm_config)
+
+
+def apply(upstream: ModuleType) -> None:
+    """Install the patch into vLLM's imported Kimi-K3 NVIDIA model module
+    (idempotent)."""
+    add_subclass_layer(upstream, "KimiMoE", StrictlyLoadedKimiMoE)
+
+
+def revert(upstream: ModuleType) -> None:
+    """Take the patch out of upstream's ``KimiMoE`` (idempotent)."""
+    remove_subclass_layer(upstream, "KimiMoE", StrictlyLoadedKimiMoE)

@@ -16,7 +16,8 @@ Why
     experts take ~120.5 GB per GPU instead of ~60.3 GB, more than a 96 GB GPU
     holds.
 How
-    ``padded_moe_intermediate_size`` becomes a property of the subclass.
+    ``padded_moe_intermediate_size`` becomes a property of a subclass layer
+    (``patching.add_subclass_layer``) put in front of upstream ``KimiMoE``.
     Upstream ``KimiMoE.__init__`` assigns it (the model-level value, kept),
     then reads it twice: as the regular ``FusedMoEFactory``'s
     ``intermediate_size`` and in the guard of its post-construction block
@@ -46,6 +47,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from vllm_kimi_k3_moe.patching import add_subclass_layer, remove_subclass_layer
+
 
 @dataclass
 class KimiMoEBuild:
@@ -66,13 +69,8 @@ def current_kimi_moe_build() -> KimiMoEBuild | None:
     return _current_build.get()
 
 
-def building_kimi_moe() -> bool:
-    """Whether a Kimi-K3 ``KimiMoE`` is being constructed in this context."""
-    return _current_build.get() is not None
-
-
 class BackendPaddedKimiMoE:
-    """Placed in front of upstream ``KimiMoE`` in the patched class's MRO."""
+    """Put in front of upstream ``KimiMoE`` in the patched class's MRO."""
 
     def __init__(
         self, config: Any, vllm_config: Any, *args: Any, **kwargs: Any
@@ -84,13 +82,6 @@ class BackendPaddedKimiMoE:
         finally:
             _current_build.reset(token)
         self.__dict__["_model_level_moe_intermediate_size"] = build.model_level_size
-        from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
-            strict_expert_loading,
-        )
-
-        strict_expert_loading.make_expert_loading_strict(
-            self, config.moe_intermediate_size, vllm_config
-        )
 
     @property
     def padded_moe_intermediate_size(self) -> int | None:
@@ -112,28 +103,9 @@ class BackendPaddedKimiMoE:
 
 def apply(upstream: ModuleType) -> None:
     """Install the patch into the imported upstream module (idempotent)."""
-    if issubclass(upstream.KimiMoE, BackendPaddedKimiMoE):
-        return
-    upstream.KimiMoE = type(
-        "KimiMoE",
-        (BackendPaddedKimiMoE, upstream.KimiMoE),
-        {
-            "__module__": upstream.__name__,
-            "__qualname__": "KimiMoE",
-            "__doc__": "Upstream KimiMoE; regular experts get the logical size "
-            "(patched by vllm-kimi-k3-moe).",
-        },
-    )
+    add_subclass_layer(upstream, "KimiMoE", BackendPaddedKimiMoE)
 
 
 def revert(upstream: ModuleType) -> None:
-    """Put upstream's own ``KimiMoE`` back (idempotent)."""
-    upstream.KimiMoE = upstream_kimi_moe(upstream)
-
-
-def upstream_kimi_moe(upstream: ModuleType) -> type:
-    """The unpatched ``KimiMoE`` class, whether or not ``apply`` has run."""
-    for cls in upstream.KimiMoE.__mro__:
-        if not issubclass(cls, BackendPaddedKimiMoE):
-            return cls
-    raise AssertionError("unreachable: object is in every MRO")
+    """Take the patch out of upstream's ``KimiMoE`` (idempotent)."""
+    remove_subclass_layer(upstream, "KimiMoE", BackendPaddedKimiMoE)

@@ -1,0 +1,112 @@
+"""What ``plan`` reports for one deployment: value types.
+
+Read from vLLM's language model built for rank 0, upstream and with the
+plugin (``tools.build``); rendered by ``report``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, ModelAllocation
+from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape, KvCapacity
+from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+
+
+@dataclass(frozen=True)
+class MoeMemoryPlan:
+    """Per-GPU MoE memory of one deployment, upstream vLLM and with the fix."""
+
+    deployment: Deployment
+    moe_layers: int
+    logical_intermediate_per_rank: int
+    upstream: LayerAllocation
+    fixed: LayerAllocation
+
+    @property
+    def floor_routed_bytes(self) -> int:
+        """Routed-expert bytes of a layer allocated at exactly the logical
+        per-rank size: the fixed allocation without its kernel padding (every
+        routed tensor is linear in the per-rank intermediate)."""
+        return (
+            self.fixed.routed_bytes
+            * self.logical_intermediate_per_rank
+            // self.fixed.intermediate_per_rank
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "deployment": {**asdict(self.deployment), "gpus": self.deployment.gpus},
+            "moe_layers": self.moe_layers,
+            "logical_intermediate_per_rank": self.logical_intermediate_per_rank,
+            "upstream_per_layer": asdict(self.upstream),
+            "fixed_per_layer": asdict(self.fixed),
+            "floor_routed_bytes_per_layer": self.floor_routed_bytes,
+            "all_moe_layers": self.all_moe_layers,
+        }
+
+    @property
+    def all_moe_layers(self) -> dict[str, int]:
+        """Per-GPU bytes summed over the model's MoE layers."""
+        per_layer = {
+            "upstream_routed_bytes": self.upstream.routed_bytes,
+            "fixed_routed_bytes": self.fixed.routed_bytes,
+            "floor_routed_bytes": self.floor_routed_bytes,
+            "shared_bytes": self.fixed.shared_bytes,
+            "latent_bytes": self.fixed.latent_bytes,
+            "upstream_total_bytes": self.upstream.total_bytes,
+            "fixed_total_bytes": self.fixed.total_bytes,
+        }
+        return {name: n * self.moe_layers for name, n in per_layer.items()}
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    """Everything ``plan`` reports for one deployment, read from vLLM's whole
+    language model built for rank 0 upstream and with the plugin: the
+    MoE-layer figures, the whole model's weights per GPU by component, the
+    KV cache's make-up and, given a GPU budget, what vLLM would allocate of
+    it next to each model."""
+
+    moe: MoeMemoryPlan
+    serving: Serving
+    upstream: ModelAllocation
+    fixed: ModelAllocation
+    kv_cache: KvCacheShape
+    budget: GpuBudget | None = None
+    upstream_kv: KvCapacity | None = None
+    fixed_kv: KvCapacity | None = None
+
+    @property
+    def deployment(self) -> Deployment:
+        return self.moe.deployment
+
+    def to_dict(self) -> dict[str, Any]:
+        document = self.moe.to_dict()
+        document["whole_model"] = {
+            "upstream_bytes": self.upstream.total_bytes,
+            "fixed_bytes": self.fixed.total_bytes,
+            "upstream_components": self.upstream.components,
+            "fixed_components": self.fixed.components,
+        }
+        document["serving"] = asdict(self.serving)
+        document["kv_cache_per_gpu"] = asdict(self.kv_cache)
+        if self.budget is not None:
+            assert self.upstream_kv is not None and self.fixed_kv is not None
+            document["gpu"] = {
+                **asdict(self.budget),
+                "requested_bytes": self.budget.requested_bytes,
+            }
+            document["kv_cache"] = {
+                "upstream_tokens": self.upstream_kv.tokens,
+                "fixed_tokens": self.fixed_kv.tokens,
+                "upstream_available_bytes": self.upstream_kv.available_bytes,
+                "fixed_available_bytes": self.fixed_kv.available_bytes,
+                "upstream_max_concurrency": self.upstream_kv.concurrency,
+                "fixed_max_concurrency": self.fixed_kv.concurrency,
+                "upstream_refusal": self.upstream_kv.refusal,
+                "fixed_refusal": self.fixed_kv.refusal,
+            }
+        return document
