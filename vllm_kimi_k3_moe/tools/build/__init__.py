@@ -1,0 +1,65 @@
+"""Build vLLM's real Kimi-K3 model for one rank of a deployment, on a CPU.
+
+Offline only (``plan``, ``check --moe-backend``, the test suite): nothing
+here runs in a serving process. ``vllm_config`` makes the ``VllmConfig``
+``vllm serve`` would, ``rank`` poses the process as a rank, ``whole_model``
+builds the language model on ``meta`` and ``allocation`` reads what it
+allocates, ``kv_cache`` sizes the KV cache with vLLM's own planner.
+
+Stand-in ledger
+---------------
+Building on a CPU box replaces, for the duration of a ``with`` block only
+(``patching.replaced_attributes``, restored exactly on exit), what the build
+reads from a GPU. None of them holds parameters: every parameter the model
+allocates is vLLM's own. At a vLLM bump, re-check each "Re-check" line; the
+suite's build tests fail when a name moves.
+
+``rank.simulated_rank``
+    Replaces ``vllm.distributed.parallel_state._TP``, ``_DP``, ``_PCP``,
+    ``_PP``, ``_EP`` (``GroupStandIn``). Why: without GPUs there are no
+    torch.distributed groups; layers read only each group's size, this
+    rank and first/last rank. Re-check: the group globals' names and the
+    attributes layers read from them.
+``stand_ins.cuda_streams_and_events``
+    Replaces ``torch.cuda.Stream`` and ``torch.cuda.Event``. Why: the model
+    creates them for overlapping work; a CPU box has no CUDA runtime.
+    Re-check: nothing in vLLM (torch's names).
+``stand_ins.mla_attention_kernels``
+    Replaces ``get_attn_backend`` and ``get_mla_prefill_backend`` as
+    ``vllm.models.kimi_k3.nvidia.mla`` looks them up: a FlashMLA backend
+    subclass whose kernel object is a stand-in. Why: MLA's kernels are chosen
+    for, and imported on, the GPU. Re-check: the two names in ``mla.py``;
+    that FlashMLA's block sizes still match the GPU's first choice.
+``stand_ins.linear_kernels_on_their_gpu``
+    Replaces ``vllm.model_executor.kernels.linear.current_platform`` (as
+    CUDA) and ``is_supported`` of every CUDA kernel in the private
+    ``_POSSIBLE_FP8_BLOCK_KERNELS`` and ``_POSSIBLE_NVFP4_KERNELS``. Why:
+    the FP8-block and NVFP4 linear layers need a kernel to be built.
+    Re-check: those two private tables.
+``stand_ins.moe_kernels_on_their_gpu``
+    Replaces ``_supports_current_device`` of every ``FusedMoEExperts``
+    subclass, ``current_platform.supports_fp8`` and
+    ``fused_moe.oracle.unquantized.current_platform`` (as CUDA). Why: vLLM
+    picks the MoE kernel ``--moe-backend`` names by asking the device.
+    Re-check: the device-check name; the unquantized oracle's platform use.
+``stand_ins.mxfp4_backend_chosen``
+    Replaces ``quantization.mxfp4.select_deepseek_v4_mxfp4_moe_backend``
+    (native MXFP4) or ``CutlassExpertsMxfp4._supports_current_device``
+    (compressed-tensors MXFP4). Why: the planner's MXFP4 kernels are named
+    as ``Mxfp4MoeBackend`` members, which ``--moe-backend`` cannot all name.
+    Re-check: the selector's name and signature.
+``stand_ins.kda_prefill_kernel_of_the_gpu``
+    Sets each built KDA layer's ``kda_prefill_backend`` to what a GPU
+    resolves (FlashKDA). Why: it decides the KDA state blocks per sequence
+    in the KV cache; building with FlashKDA imports its CUDA library.
+    Re-check: ``resolve_kda_prefill_backend``'s choice on CUDA.
+``whole_model.kimi_moe_class``
+    Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
+    ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's
+    own class and with the plugin's. Re-check: the global's name.
+``vllm_config.rank_vllm_config``
+    Sets ``scheduler_config.disable_hybrid_kv_cache_manager`` back to False
+    (a value, not a stand-in). Why: the CPU platform turns off the hybrid
+    KV-cache manager that CUDA keeps on. Re-check: ``CudaPlatform``'s
+    support for it.
+"""
