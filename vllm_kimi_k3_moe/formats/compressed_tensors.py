@@ -16,7 +16,10 @@ ROUTER = r"re:.*block_sparse_moe\.gate$"
 ATTENTION = r"re:.*self_attn\..*"
 # Built unquantized by vLLM whatever the config says; listed as checkpoints do.
 ATTENTION_RESIDUALS = r"re:.*_res_proj"
+# The vision tower and its projector stay BF16, as in the release.
+VISION = [r"re:.*vision_tower.*", r"re:.*mm_projector.*"]
 EVERYTHING_BUT_ROUTED_EXPERTS = [
+    *VISION,
     "lm_head",
     ATTENTION,
     r"re:.*\.mlp\..*",

@@ -18,6 +18,7 @@ from typing import Any
 from vllm_kimi_k3_moe.formats.compressed_tensors import (
     ATTENTION_RESIDUALS,
     ROUTER,
+    VISION,
     compressed_tensors_config,
     weight_signature,
 )
@@ -58,6 +59,7 @@ GROUP_INPUTS = {
 # divisible by weight quantization block_n = 128"), so a checkpoint vLLM
 # serves at those sizes leaves them BF16, as do the router and lm_head.
 UNSHARDABLE = [
+    *VISION,
     "lm_head",
     ROUTER,
     ATTENTION_RESIDUALS,

@@ -49,24 +49,13 @@ TENSORS = ExpertTensors(
     ),
 )
 
-# vLLM's Mxfp4MoeBackend members that run on NVIDIA GPUs (ROCm, XPU and CPU
-# kernels left out), as the planner names them.
-NVIDIA_BACKENDS = (
-    "marlin",
-    "batched_marlin",
-    "cutlass_mxfp4_mxfp4",
-    "deepgemm_mxfp4",
-    "flashinfer_trtllm_mxfp4_mxfp8",
-    "flashinfer_trtllm_mxfp4_bf16",
-    "flashinfer_cutlass_mxfp4_mxfp8",
-    "flashinfer_cutlass_mxfp4_bf16",
-    "flashinfer_moe_ep_cutedsl",
-    "flashinfer_moe_ep_deep_gemm",
-    "b12x_mxfp4_bf16",
-    "b12x_mxfp4_mxfp8",
-    "humming",
-    "triton",
-)
+# The --moe-backend names vLLM 0.33.0's native MXFP4 method builds Kimi-K3
+# with on NVIDIA (its selector, ``select_deepseek_v4_mxfp4_moe_backend``,
+# refuses the others for this model; b12x only without expert parallelism).
+NATIVE_BACKENDS = ("marlin", "flashinfer_trtllm", "deep_gemm", "humming", "b12x")
+# The compressed-tensors MXFP4 method picks its kernel from the GPU, whatever
+# --moe-backend says: CUTLASS where the GPU runs it (Blackwell), else Marlin.
+COMPRESSED_TENSORS_BACKENDS = ("marlin", "cutlass")
 
 
 def _recognises_release(scheme: QuantizationScheme) -> CheckpointFormat | None:
@@ -121,7 +110,7 @@ RELEASE = KimiK3Format(
     partition_rule=OWNS_ITS_PADDING,
     alignment=BLOCK,
     alignment_unit="MXFP4 scale blocks",
-    moe_backends=NVIDIA_BACKENDS,
+    moe_backends=NATIVE_BACKENDS,
     published_config=compressed_tensors_config(
         RELEASE_FORMAT, WEIGHTS, None, EVERYTHING_BUT_ROUTED_EXPERTS
     ),
@@ -143,8 +132,7 @@ COMPRESSED_TENSORS = KimiK3Format(
     ),
     alignment=BLOCK,
     alignment_unit="MXFP4 scale blocks",
-    # What vLLM's compressed-tensors MXFP4 MoE method picks by device.
-    moe_backends=("marlin", "cutlass_mxfp4_mxfp4"),
+    moe_backends=COMPRESSED_TENSORS_BACKENDS,
     published_config=compressed_tensors_config(
         "pack-quantized", WEIGHTS, None, EVERYTHING_BUT_ROUTED_EXPERTS
     ),

@@ -18,6 +18,7 @@ from vllm_kimi_k3_moe.formats.compressed_tensors import (
     ATTENTION,
     ATTENTION_RESIDUALS,
     ROUTER,
+    VISION,
     compressed_tensors_config,
 )
 from vllm_kimi_k3_moe.formats.layouts import (
@@ -46,8 +47,8 @@ WEIGHTS = {
 }
 INPUTS = {**WEIGHTS, "dynamic": "local"}
 # Every MLP (routed and shared experts, the dense MLP, the latent
-# projections) in NVFP4; attention, router and lm_head BF16.
-IGNORE = ["lm_head", ATTENTION, ROUTER, ATTENTION_RESIDUALS]
+# projections) in NVFP4; attention, router, lm_head and the vision tower BF16.
+IGNORE = [*VISION, "lm_head", ATTENTION, ROUTER, ATTENTION_RESIDUALS]
 
 # ``swizzle_blockscale`` (quantization/utils/nvfp4_utils.py) lays NVFP4 block
 # scales out in tiles of 128 rows; for the kernels below,
@@ -161,7 +162,14 @@ MODELOPT = KimiK3Format(
                 "input_activations": INPUTS,
             }
         },
-        "ignore": ["lm_head", "*self_attn*", "*block_sparse_moe.gate", "*_res_proj"],
+        "ignore": [
+            "*vision_tower*",
+            "*mm_projector*",
+            "lm_head",
+            "*self_attn*",
+            "*block_sparse_moe.gate",
+            "*_res_proj",
+        ],
     },
     recognises=_recognises_modelopt,
     tensors_of_method=lambda method: MODELOPT_TENSORS,

@@ -142,6 +142,22 @@ def mtp_moe_layers(text_config: dict[str, Any]) -> list[int]:
     return [i for i in range(first, first + count) if _is_moe_layer(text_config, i)]
 
 
+def one_layer_of_each(text_config: dict[str, Any]) -> dict[str, Any]:
+    """``text_config`` cut to two layers, a dense one and an MoE one like
+    every MoE layer of the model: what building the MLPs under another
+    sharding costs, through the same build as the whole model."""
+    linear = dict(text_config.get("linear_attn_config") or {})
+    linear.update(kda_layers=[1], full_attn_layers=[2])
+    return {
+        **text_config,
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "num_nextn_predict_layers": 0,
+        "linear_attn_config": linear,
+    }
+
+
 def read_config_document(path: Path) -> dict[str, Any]:
     """The JSON object in a Hugging Face ``config.json``."""
     try:

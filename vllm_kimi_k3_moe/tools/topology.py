@@ -24,16 +24,25 @@ class DeploymentError(ValueError):
 
 @dataclass(frozen=True)
 class Topology:
-    """How vLLM spreads Kimi-K3 over GPUs: TP x DP GPUs, each routed expert
-    sharded over all of them, or (expert parallelism) whole experts each."""
+    """How vLLM spreads Kimi-K3 over GPUs: PP pipeline stages, each holding
+    a slice of the layers on TP x DP GPUs; within a stage each routed expert
+    is sharded over all TP x DP GPUs, or (expert parallelism) whole experts
+    are spread over them."""
 
     tp_size: int
     _: KW_ONLY
     dp_size: int = 1
     expert_parallel: bool = False
+    pp_size: int = 1
 
     @property
     def gpus(self) -> int:
+        return self.tp_size * self.pp_size * self.dp_size
+
+    @property
+    def moe_group(self) -> int:
+        """GPUs that share one MoE layer's experts: vLLM flattens TP and DP
+        into the MoE's tensor- (or expert-) parallel group."""
         return self.tp_size * self.dp_size
 
     def label(self, style: LabelStyle = "short") -> str:
@@ -46,6 +55,8 @@ class Topology:
         - ``sentence``: ``TP8 x DP4 with expert parallelism``; check's share
         """
         tp, dp = f"TP{self.tp_size}", f"DP{self.dp_size}"
+        if self.pp_size > 1:
+            tp = f"{tp} PP{self.pp_size}" if style != "product" else tp
         if style == "short":
             parts = [tp]
             if self.dp_size > 1:
@@ -56,9 +67,12 @@ class Topology:
         if style == "subject":
             return f"{tp} {dp}"
         if style == "product":
-            return f"TP {self.tp_size} x DP {self.dp_size}"
+            pp = f" x PP {self.pp_size}" if self.pp_size > 1 else ""
+            return f"TP {self.tp_size}{pp} x DP {self.dp_size}"
         if style == "sentence":
-            sizes = f"{tp} x {dp}" if self.dp_size > 1 else tp
+            sizes = " x ".join(
+                [tp.replace(" ", " x "), *([dp] if self.dp_size > 1 else [])]
+            )
             how = "with" if self.expert_parallel else "without"
             return f"{sizes} {how} expert parallelism"
         raise ValueError(f"unknown label style {style!r}")
@@ -66,13 +80,17 @@ class Topology:
     def experts_per_gpu(self, num_experts: int) -> int:
         """Routed experts each GPU holds: its own slice under expert
         parallelism (GPU r: experts n*r to n*r+n-1), else all of them."""
-        return num_experts // self.gpus if self.expert_parallel else num_experts
+        if self.expert_parallel:
+            return num_experts // self.moe_group
+        return num_experts
 
     def intermediate_per_gpu(self, intermediate: int) -> int:
         """Logical intermediate rows of each expert a GPU holds: all of them
         under expert parallelism, else its 1/(TP x DP) slice (GPU r: rows
         n*r to n*r+n-1), before any kernel padding."""
-        return intermediate if self.expert_parallel else intermediate // self.gpus
+        if self.expert_parallel:
+            return intermediate
+        return intermediate // self.moe_group
 
 
 @dataclass(frozen=True)
@@ -90,14 +108,8 @@ class Deployment(Topology):
 
 def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
     """Refuse, with one line naming the bad value, what cannot be sized."""
-    if deployment.tp_size < 1 or deployment.dp_size < 1:
-        raise DeploymentError(
-            f"tensor- and data-parallel sizes must be at least 1, got "
-            f"TP {deployment.tp_size} and DP {deployment.dp_size}"
-        )
     validate_backend(deployment.quantization, deployment.backend)
     validate_topology(text_config, deployment, deployment.format)
-    validate_attention_split(text_config, deployment.tp_size)
 
 
 def validate_backend(quantization: str, backend: str) -> None:
@@ -121,25 +133,59 @@ def validate_backend(quantization: str, backend: str) -> None:
         )
 
 
+# vLLM pads the vocabulary to a multiple of this before splitting it over TP
+# (``vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE``).
+VOCAB_PADDING = 64
+
+
 def validate_topology(
     text_config: dict[str, Any], topology: Topology, fmt: KimiK3Format
 ) -> None:
-    """Refuse a topology that does not split the routed experts evenly: the
-    experts over the expert-parallel GPUs, or else every expert's
-    intermediate size over all GPUs in whole scale groups of the format
-    (``fmt.alignment`` values: each GPU's scales are its own). Even splits
-    are what let rank 0 stand for every GPU."""
-    gpus, product = topology.gpus, topology.label("product")
+    """Refuse, in one line naming the value and the rule, a topology vLLM
+    0.33.0 cannot build for this model and format, before any build. The
+    rules, each as vLLM applies it (``tests/upstream_contract`` holds vLLM to
+    them): whole attention heads per TP rank (MLA and KDA), whole vocabulary
+    rows per TP rank, at least one layer per pipeline stage, and the routed
+    experts split evenly over each stage's TP x DP GPUs: whole experts under
+    expert parallelism, else every expert's intermediate rows in whole
+    scale groups of the format (``fmt.alignment``; each GPU's scales are its
+    own). Even splits are what let rank 0 of a stage stand for every GPU of
+    it."""
+    sizes = {"tensor": topology.tp_size, "data": topology.dp_size}
+    sizes["pipeline"] = topology.pp_size
+    for kind, size in sizes.items():
+        if size < 1:
+            raise DeploymentError(
+                f"{kind}-parallel size must be at least 1, got {size} "
+                f"({topology.label('product')})"
+            )
+    validate_attention_split(text_config, topology.tp_size)
+    vocab = text_config.get("vocab_size")
+    if isinstance(vocab, int):
+        padded = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
+        if padded % topology.tp_size:
+            raise DeploymentError(
+                f"TP {topology.tp_size} does not divide Kimi-K3's vocabulary "
+                f"of {padded}: vLLM gives every rank the same rows of the "
+                "embeddings and lm_head"
+            )
+    layers = text_config["num_hidden_layers"]
+    if topology.pp_size > layers:
+        raise DeploymentError(
+            f"pipeline-parallel size {topology.pp_size} exceeds the "
+            f"{layers} layers; vLLM gives every stage at least one layer"
+        )
+    group, product = topology.moe_group, topology.label("product")
     if topology.expert_parallel:
         experts = text_config["num_experts"]
-        if experts % gpus:
+        if experts % group:
             raise DeploymentError(
-                f"{experts} routed experts do not split evenly over {gpus} "
+                f"{experts} routed experts do not split evenly over {group} "
                 f"expert-parallel GPUs ({product})"
             )
         return
     intermediate = text_config["moe_intermediate_size"]
-    if intermediate % (gpus * fmt.alignment):
+    if intermediate % (group * fmt.alignment):
         whole = (
             f" in whole {fmt.alignment_unit} of {fmt.alignment} values"
             if fmt.alignment > 1
@@ -147,9 +193,35 @@ def validate_topology(
         )
         raise DeploymentError(
             f"moe_intermediate_size {intermediate} does not split evenly over "
-            f"{gpus} GPUs ({product}){whole}; without expert parallelism vLLM "
+            f"{group} GPUs ({product}){whole}; without expert parallelism vLLM "
             "shards every expert over all of them"
         )
+
+
+def layouts(
+    gpus: int, text_config: dict[str, Any], fmt: KimiK3Format
+) -> list[Topology]:
+    """Every topology of exactly ``gpus`` GPUs that ``validate_topology``
+    lets through: TP x PP x DP, each with and without expert parallelism
+    (which needs more than one GPU per stage)."""
+    found = []
+    for tp in _divisors(gpus):
+        for pp in _divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            for ep in (False, True):
+                topology = Topology(tp, dp_size=dp, pp_size=pp, expert_parallel=ep)
+                if ep and topology.moe_group == 1:
+                    continue
+                try:
+                    validate_topology(text_config, topology, fmt)
+                except DeploymentError:
+                    continue
+                found.append(topology)
+    return found
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 # vLLM's --kv-cache-dtype values the planner sizes: the model's dtype (bf16)
@@ -163,10 +235,12 @@ DEFAULT_MAX_MODEL_LEN = 131072
 
 @dataclass(frozen=True)
 class Serving:
-    """How ``vllm serve`` is asked to hold the KV cache."""
+    """How ``vllm serve`` is asked to hold the KV cache, and whether it
+    loads the vision tower (``--language-model-only``: not)."""
 
     kv_cache_dtype: str = "auto"
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    language_model_only: bool = False
 
 
 def validate_serving(serving: Serving) -> None:

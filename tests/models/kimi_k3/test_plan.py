@@ -95,9 +95,9 @@ def test_expert_parallel_holds_whole_experts(kimi_model):
         # The compressed-tensors method pads only with the plugin.
         (Deployment(32, quantization="ct-mxfp4"), 256, 128),
         # b12x plans for the exact dimensions: the fixed layer is the floor.
-        (Deployment(32, backend="b12x_mxfp4_bf16"), 256, 96),
-        # CUTLASS scale tiles: 128.
-        (Deployment(16, backend="cutlass_mxfp4_mxfp4"), 256, 256),
+        (Deployment(32, backend="b12x"), 256, 96),
+        # compressed-tensors MXFP4 on a GPU that runs CUTLASS: 128-row tiles
+        (Deployment(16, backend="cutlass", quantization="ct-mxfp4"), 256, 256),
         # DP without EP: vLLM shards each expert over TP x DP = 32 GPUs (96),
         # while upstream's model-level minimum looks at TP8 only (384): both
         # leave the padding to Marlin.
@@ -110,8 +110,8 @@ def test_other_paths_and_kernels(kimi_model, deployment, upstream, fixed):
     assert result.fixed.intermediate_per_rank == fixed
 
 
-def test_default_command_prints_the_tp8_16_32_table(kimi_model, capsys):
-    assert main(["plan"]) == 0
+def test_wide_table_has_every_column(kimi_model, capsys):
+    assert main(["plan", "--wide"]) == 0
     out, err = capsys.readouterr()
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line}
     # config GPUs experts | I: logical upstream fixed | GB/layer x3 | GB x92 x3
@@ -121,7 +121,17 @@ def test_default_command_prints_the_tp8_16_32_table(kimi_model, capsys):
     assert rows["TP16"][9:12] == ["120.5", "120.5", "90.4"]
     assert rows["TP32"][3:6] == ["96", "256", "128"]
     assert rows["TP32"][9:12] == ["120.5", "60.3", "45.2"]
-    assert "[3/3] building TP32" in err
+    assert "importing vLLM" in err
+
+
+def test_default_table_fits_120_columns_and_says_why(kimi_model, capsys):
+    assert main(["plan", "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line}
+    # layout GPUs | weights vLLM plugin | fits vLLM plugin | KV tokens requests
+    assert rows["TP32"][:6] == ["TP32", "32", "135.2", "75.0", "no", "no"]
+    assert "weights+reserve" in " ".join(rows["TP32"][8:])
 
 
 def test_json_with_fit_check(kimi_model, capsys):
@@ -134,7 +144,14 @@ def test_json_with_fit_check(kimi_model, capsys):
     )
     # The whole model: 135.2 GB upstream exceeds 0.92 x 96 GiB (94.8 GB) on its
     # own; 75.0 GB fixed leaves 94.8 - 75.0 - 6 GiB reserve (6.4 GB) = 13.4 GB.
-    assert document["fits"] == {"gpu_memory_gib": 96, "upstream": False, "fixed": True}
+    assert document["fits"] == {
+        "gpu_memory_gib": 96,
+        "upstream": False,
+        "fixed": True,
+        "plugin_makes_it_fit": True,
+    }
+    assert document["reason"] is None
+    assert document["deployment"]["pp_size"] == 1
     whole = document["whole_model"]
     assert whole["upstream_bytes"] > 0.92 * 96 * 2**30 > whole["fixed_bytes"]
     kv = document["kv_cache"]
@@ -173,11 +190,37 @@ def write(tmp_path, content: str):
 
 BAD_INPUT = [
     # (case, arguments, words the one-line error must contain)
-    ("tp not dividing 3072", ["--tp", "7"], ["3072", "7 GPUs"]),
+    ("tp not dividing the heads", ["--tp", "7"], ["96", "7", "heads"]),
     # 3072 / 64 = 48 rows per GPU: an MXFP4 scale block would straddle two GPUs
-    ("tp splitting scale blocks", ["--tp", "64"], ["3072", "64 GPUs", "blocks of 32"]),
+    (
+        "tp x dp splitting scale blocks",
+        ["--tp", "32", "--dp", "2"],
+        ["3072", "64 GPUs", "blocks of 32"],
+    ),
     ("tp x dp not dividing", ["--tp", "8", "--dp", "5"], ["3072", "40 GPUs"]),
-    ("ep not dividing 896", ["--tp", "6", "--ep"], ["896", "6"]),
+    ("ep not dividing 896", ["--tp", "2", "--dp", "3", "--ep"], ["896", "6"]),
+    (
+        "tp not dividing the vocabulary",
+        ["--tp", "24"],
+        ["TP 24", "vocabulary of 163840"],
+    ),
+    ("more stages than layers", ["--pp", "94"], ["94", "93 layers"]),
+    ("no layout of 97 GPUs", ["--gpus", "97", "--gpu", "h200"], ["97 GPUs"]),
+    ("unknown gpu", ["--gpu", "a100"], ["'a100'", "h100", "--gpu-memory-gib"]),
+    ("infinite memory", ["--gpu-memory-gib", "inf"], ["'inf'", "finite"]),
+    (
+        "nan utilization",
+        ["--gpu", "h100", "--gpu-memory-utilization", "nan"],
+        ["'nan'", "finite"],
+    ),
+    ("reserve without a gpu", ["--reserve-gib", "4"], ["--reserve-gib", "--gpu"]),
+    ("advisor without a gpu", ["--gpus", "32"], ["--gpus", "GPU size"]),
+    ("advisor with --tp", ["--gpus", "32", "--gpu", "h100", "--tp", "8"], ["--tp"]),
+    (
+        "both gpu and its memory",
+        ["--gpu", "h100", "--gpu-memory-gib", "80"],
+        ["--gpu", "not both"],
+    ),
     ("tp zero", ["--tp", "0"], ["'0'", "positive"]),
     ("tp not a number", ["--tp", "eight"], ["'eight'"]),
     ("unknown backend", ["--moe-backend", "fastest"], ["'fastest'", "marlin"]),
@@ -304,7 +347,7 @@ def test_help_lists_the_backends():
         timeout=60,
         check=True,
     ).stdout
-    for word in ("--gpu-memory-gib", "--moe-backend", "flashinfer_trtllm_mxfp4_mxfp8"):
+    for word in ("--gpus", "--gpu-memory-gib", "--moe-backend", "flashinfer_trtllm"):
         assert word in help_text
 
 
@@ -319,15 +362,18 @@ def test_readme_shows_the_tp32_fit_table(kimi_k3_deployment_plans):
 
 
 def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
-    """Each name --moe-backend accepts is a vLLM Mxfp4MoeBackend the layer builds
-    with; at TP32 none allocates more than upstream's 256 or less than 96."""
-    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+    """Each name --moe-backend accepts is one of vLLM's --moe-backend values
+    the layer builds with; at TP32 none allocates more than upstream's 256 or
+    less than 96."""
+    import typing
+
+    from vllm.config.kernel import MoEBackend
 
     from vllm_kimi_k3_moe.formats import format_named
 
     for quantization in MXFP4_FORMATS:
         for backend in format_named(quantization).moe_backends:
-            assert backend.upper() in Mxfp4MoeBackend.__members__, backend
+            assert backend in typing.get_args(MoEBackend), backend
             deployment = Deployment(32, backend=backend, quantization=quantization)
             result = plan(deployment)
             assert result.upstream.intermediate_per_rank == 256, backend
@@ -341,11 +387,13 @@ def test_planning_leaves_vllms_kernel_checks_as_they_were(kimi_model):
     )
     from vllm.model_executor.layers.quantization import mxfp4
 
-    from vllm_kimi_k3_moe.tools.build.stand_ins import mxfp4_backend_chosen
+    from vllm_kimi_k3_moe.tools.build.stand_ins import (
+        compressed_tensors_mxfp4_kernel,
+    )
 
     before = dict(vars(CutlassExpertsMxfp4)), dict(vars(mxfp4))
-    for quantization in ("ct-mxfp4", "mxfp4"):
-        with mxfp4_backend_chosen(quantization, "marlin"):
+    for backend in ("cutlass", "marlin"):
+        with compressed_tensors_mxfp4_kernel(backend):
             pass
     assert dict(vars(CutlassExpertsMxfp4)) == before[0]
     assert dict(vars(mxfp4)) == before[1]

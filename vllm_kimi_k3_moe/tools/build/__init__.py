@@ -16,10 +16,10 @@ suite's build tests fail when a name moves.
 
 ``rank.simulated_rank``
     Replaces ``vllm.distributed.parallel_state._TP``, ``_DP``, ``_PCP``,
-    ``_PP``, ``_EP`` (``GroupStandIn``). Why: without GPUs there are no
-    torch.distributed groups; layers read only each group's size, this
-    rank and first/last rank. Re-check: the group globals' names and the
-    attributes layers read from them.
+    ``_PP``, ``_EP`` (``GroupStandIn``, with the rank's place in each).
+    Why: without GPUs there are no torch.distributed groups; layers read
+    only each group's size, this rank and first/last rank. Re-check: the
+    group globals' names and the attributes layers read from them.
 ``stand_ins.cuda_streams_and_events``
     Replaces ``torch.cuda.Stream`` and ``torch.cuda.Event``. Why: the model
     creates them for overlapping work; a CPU box has no CUDA runtime.
@@ -42,17 +42,22 @@ suite's build tests fail when a name moves.
     ``fused_moe.oracle.unquantized.current_platform`` (as CUDA). Why: vLLM
     picks the MoE kernel ``--moe-backend`` names by asking the device.
     Re-check: the device-check name; the unquantized oracle's platform use.
-``stand_ins.mxfp4_backend_chosen``
-    Replaces ``quantization.mxfp4.select_deepseek_v4_mxfp4_moe_backend``
-    (native MXFP4) or ``CutlassExpertsMxfp4._supports_current_device``
-    (compressed-tensors MXFP4). Why: the planner's MXFP4 kernels are named
-    as ``Mxfp4MoeBackend`` members, which ``--moe-backend`` cannot all name.
-    Re-check: the selector's name and signature.
+``stand_ins.compressed_tensors_mxfp4_kernel``
+    Replaces ``CutlassExpertsMxfp4._supports_current_device`` (on top of
+    ``moe_kernels_on_their_gpu``). Why: the compressed-tensors MXFP4 method
+    picks CUTLASS or Marlin from the GPU alone, not from ``--moe-backend``;
+    the planner's ``cutlass``/``marlin`` name the GPU it runs on. Re-check:
+    how ``CompressedTensorsW4A4Mxfp4MoEMethod`` picks its kernel.
 ``stand_ins.kda_prefill_kernel_of_the_gpu``
     Sets each built KDA layer's ``kda_prefill_backend`` to what a GPU
     resolves (FlashKDA). Why: it decides the KDA state blocks per sequence
     in the KV cache; building with FlashKDA imports its CUDA library.
     Re-check: ``resolve_kda_prefill_backend``'s choice on CUDA.
+``stand_ins.a_cuda_device``
+    Replaces ``current_platform.current_device`` (as ``cuda:0``). Why:
+    ``KimiK3ForConditionalGeneration`` asks for it to move the vision tower,
+    which it skips on ``meta``; a CPU box's platform has no current device.
+    Re-check: the wrapper's ``__init__``.
 ``whole_model.kimi_moe_class``
     Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
     ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's

@@ -26,8 +26,18 @@ COMPONENTS = (
     "moe_routed_experts",
     "moe_other",  # shared experts, latent projections, router
     "norms_other",  # layer norms, attention-residual norms and projections
+    "vision_tower",  # MoonViT and its projector, unless --language-model-only
 )
+MOE_COMPONENTS = ("moe_routed_experts", "moe_other")
+# The multimodal model's parts, by their parameters' first name.
+LANGUAGE_MODEL = "language_model."
+VISION = ("vision_tower.", "mm_projector.")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp|block_sparse_moe)\.")
+_ANY_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+# Built on the first or the last pipeline stage only (KimiLinearModel,
+# KimiLinearForCausalLM: is_first_rank / is_last_rank).
+FIRST_STAGE = ("model.embed_tokens.", *VISION)
+LAST_STAGE = ("lm_head.", "model.norm.", "model.output_attn_res_")
 _ROUTED = re.compile(r"\.block_sparse_moe\.experts\.routed_experts\.(w13|w2)_")
 
 
@@ -69,7 +79,6 @@ class ModelAllocation:
     parameters)."""
 
     components: dict[str, int]
-    parameters: int  # count of parameter tensors
 
     @property
     def total_bytes(self) -> int:
@@ -80,18 +89,20 @@ class ModelAllocation:
         """Sum the bytes of every parameter of ``model`` by component;
         ``kda_layer(i)`` says whether 0-based layer ``i`` is KDA."""
         components = dict.fromkeys(COMPONENTS, 0)
-        count = 0
         for name, parameter in model.named_parameters():
             components[component_of(name, kda_layer)] += (
                 parameter.numel() * parameter.element_size()
             )
-            count += 1
-        return cls(components=components, parameters=count)
+        return cls(components=components)
 
 
 def component_of(name: str, kda_layer: Callable[[int], bool]) -> str:
-    """The component a parameter of ``KimiLinearForCausalLM`` belongs to, by
-    its name; ``kda_layer(i)`` says whether 0-based layer ``i`` is KDA."""
+    """The component a parameter of ``KimiK3ForConditionalGeneration`` (or
+    of its ``KimiLinearForCausalLM``) belongs to, by its name;
+    ``kda_layer(i)`` says whether 0-based layer ``i`` is KDA."""
+    name = name.removeprefix(LANGUAGE_MODEL)
+    if name.startswith(VISION):
+        return "vision_tower"
     if name.startswith("model.embed_tokens."):
         return "embeddings"
     if name.startswith("lm_head."):
@@ -105,3 +116,69 @@ def component_of(name: str, kda_layer: Callable[[int], bool]) -> str:
     if part == "mlp":
         return "dense_mlp"
     return "moe_routed_experts" if _ROUTED.search(name) else "moe_other"
+
+
+@dataclass(frozen=True)
+class PlacedAllocation:
+    """A rank's parameter bytes by where a pipeline stage holds them: per
+    decoder layer, on the first stage only (embeddings; the vision tower,
+    which vLLM's model runner builds there alone), on the last stage only
+    (final norms, ``lm_head``) and on every stage (anything else), each by
+    component. Read from a build without pipeline parallelism; a stage's
+    share is the sum of its places (``stage``)."""
+
+    layers: tuple[dict[str, int], ...]
+    first: dict[str, int]
+    last: dict[str, int]
+    every: dict[str, int]
+
+    @classmethod
+    def of(
+        cls, model: Any, num_layers: int, kda_layer: Callable[[int], bool]
+    ) -> PlacedAllocation:
+        layers = [dict.fromkeys(COMPONENTS, 0) for _ in range(num_layers)]
+        first, last, every = (dict.fromkeys(COMPONENTS, 0) for _ in range(3))
+        for name, parameter in model.named_parameters():
+            size = parameter.numel() * parameter.element_size()
+            name = name.removeprefix(LANGUAGE_MODEL)
+            layer = _ANY_LAYER.match(name)
+            if layer is not None:
+                place = layers[int(layer.group(1))]
+            elif name.startswith(FIRST_STAGE):
+                place = first
+            elif name.startswith(LAST_STAGE):
+                place = last
+            else:
+                place = every
+            place[component_of(name, kda_layer)] += size
+        return cls(tuple(layers), first, last, every)
+
+    def with_mlps_of(self, other: PlacedAllocation) -> PlacedAllocation:
+        """This model with every layer's MLP (dense or MoE) as ``other``'s
+        first layer of that kind has it: ``other`` is a small model built
+        under another data-parallel size, which shards the MoE layers' experts
+        over TP x DP and, with expert parallelism, replicates the dense MLP;
+        attention, embeddings and norms depend on TP alone."""
+        dense = next(layer for layer in other.layers if layer["dense_mlp"])
+        moe = next(layer for layer in other.layers if layer["moe_routed_experts"])
+        layers = tuple(
+            {
+                **layer,
+                **(
+                    {name: moe[name] for name in MOE_COMPONENTS}
+                    if layer["moe_routed_experts"]
+                    else {"dense_mlp": dense["dense_mlp"]}
+                ),
+            }
+            for layer in self.layers
+        )
+        return PlacedAllocation(layers, self.first, self.last, self.every)
+
+    def stage(
+        self, start: int, end: int, is_first: bool, is_last: bool
+    ) -> ModelAllocation:
+        """What a pipeline stage holding layers [start, end) allocates."""
+        places = [*self.layers[start:end], self.every]
+        places += [self.first] * is_first + [self.last] * is_last
+        components = {name: sum(place[name] for place in places) for name in COMPONENTS}
+        return ModelAllocation(components=components)

@@ -15,7 +15,9 @@ because KDA state is held per sequence, not per token).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_kimi_k3_moe.tools.build.stand_ins import kda_prefill_kernel_of_the_gpu
@@ -53,14 +55,22 @@ class KvCacheShape:
 
 @dataclass(frozen=True)
 class KvCapacity:
-    """The KV cache vLLM would allocate in ``available_bytes``: its tokens
-    at ``max_model_len`` and the full-length requests they are. Zero when
-    vLLM would refuse to start (no memory left, or less than one request)."""
+    """The KV cache vLLM would allocate next to the weights: its tokens at
+    ``max_model_len`` and the full-length requests they are. Zero when vLLM
+    would refuse to start (no memory left, or less than one request), with
+    vLLM's reason and, for a KV cache too small, the longest context vLLM
+    estimates would fit."""
 
-    available_bytes: int
+    available_bytes: int  # on the binding GPU (pipeline stage)
     tokens: int
     concurrency: float
     refusal: str | None = None  # vLLM's reason, when it would not start
+    binding_stage: int = 0  # the pipeline stage with the least KV cache
+    fitting_max_model_len: int | None = None  # vLLM's estimate, when refused
+
+
+_LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
+_ESTIMATED_MAX_LEN = re.compile(r"estimated maximum model length is (\d+)")
 
 
 class KvCachePlanner:
@@ -101,8 +111,23 @@ class KvCachePlanner:
         ]
         resolve_kv_cache_layout(self.vllm_config, [layouts], self.specs.values())
 
-    def capacity(self, available_bytes: int) -> KvCapacity:
-        """What vLLM's engine core makes of ``available_bytes`` per GPU."""
+    def stage_specs(self, start: int, end: int) -> dict[str, Any]:
+        """The specs of the attention layers a pipeline stage holding layers
+        [start, end) builds."""
+        return {
+            name: spec
+            for name, spec in self.specs.items()
+            if start <= int(_LAYER_INDEX.search(name).group(1)) < end
+        }
+
+    def capacity(
+        self, available: Sequence[int], stages: Sequence[tuple[int, int]] = ()
+    ) -> KvCapacity:
+        """What vLLM's engine core makes of ``available`` bytes on each
+        pipeline stage's GPUs (``stages``: their layers [start, end); none:
+        one stage holding every layer). vLLM groups the whole model's specs,
+        sizes each stage's pool and gives every stage the smallest number of
+        blocks; the binding stage is the one whose own pool is smallest."""
         from vllm.v1.core.kv_cache_planning import (
             get_global_kv_cache_groups,
             get_kv_cache_configs,
@@ -112,18 +137,49 @@ class KvCachePlanner:
             get_kv_cache_capacity,
         )
 
-        if available_bytes <= 0:
-            return KvCapacity(available_bytes, 0, 0.0, "no memory left for it")
+        stages = list(stages) or [(0, 1 + max(self._layer_indices()))]
         # vLLM's grouping edits the specs it is given.
-        specs = [copy.deepcopy(self.specs)]
+        specs = [copy.deepcopy(self.stage_specs(*stage)) for stage in stages]
         groups = get_global_kv_cache_groups(self.vllm_config, specs)
-        try:
-            configs = get_kv_cache_configs(
-                self.vllm_config, specs, [available_bytes], groups
+        alone: list[KvCapacity] = []
+        for stage_specs, memory in zip(specs, available, strict=True):
+            if memory <= 0:
+                alone.append(KvCapacity(memory, 0, 0.0, "no memory left for it"))
+                continue
+            try:
+                configs = get_kv_cache_configs(
+                    self.vllm_config, [stage_specs], [memory], groups
+                )
+            except ValueError as error:  # less than one full-length request
+                message = str(error).split("\n")[0]
+                estimate = _ESTIMATED_MAX_LEN.search(message)
+                alone.append(
+                    KvCapacity(
+                        memory,
+                        0,
+                        0.0,
+                        message,
+                        fitting_max_model_len=int(estimate.group(1))
+                        if estimate
+                        else None,
+                    )
+                )
+                continue
+            tokens, concurrency = get_kv_cache_capacity(
+                self.vllm_config, generate_scheduler_kv_cache_config(configs)
             )
-        except ValueError as error:  # less than one full-length request
-            return KvCapacity(available_bytes, 0, 0.0, str(error).split("\n")[0])
+            alone.append(KvCapacity(memory, tokens, concurrency))
+        binding = min(range(len(alone)), key=lambda i: alone[i].tokens)
+        if alone[binding].tokens == 0 or len(stages) == 1:
+            return replace(alone[binding], binding_stage=binding)
+        # Every stage fits a request: the pools vLLM sizes together.
+        configs = get_kv_cache_configs(self.vllm_config, specs, list(available), groups)
         tokens, concurrency = get_kv_cache_capacity(
             self.vllm_config, generate_scheduler_kv_cache_config(configs)
         )
-        return KvCapacity(available_bytes, tokens, concurrency)
+        return KvCapacity(
+            available[binding], tokens, concurrency, binding_stage=binding
+        )
+
+    def _layer_indices(self) -> list[int]:
+        return [int(_LAYER_INDEX.search(name).group(1)) for name in self.specs]

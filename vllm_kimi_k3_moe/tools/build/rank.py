@@ -26,6 +26,7 @@ class Rank:
     topology: Topology
     tp_rank: int = 0
     dp_rank: int = 0
+    pp_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def simulated_rank(rank: Rank | Topology) -> Iterator[None]:
         _TP=GroupStandIn(topology.tp_size, rank.tp_rank),
         _DP=GroupStandIn(topology.dp_size, rank.dp_rank),
         _PCP=GroupStandIn(1, 0),
-        _PP=GroupStandIn(1, 0),
+        _PP=GroupStandIn(topology.pp_size, rank.pp_rank),
         _EP=GroupStandIn(
             topology.gpus if ep else 1,
             rank.dp_rank * topology.tp_size + rank.tp_rank if ep else 0,
@@ -72,15 +73,16 @@ def simulated_rank(rank: Rank | Topology) -> Iterator[None]:
 
 
 @contextmanager
-def rank_zero_of(deployment: Deployment) -> Iterator[None]:
-    """Pose as rank 0 of ``deployment``: its parallel groups, its MoE kernel
+def rank_zero_of(deployment: Deployment, pp_rank: int = 0) -> Iterator[None]:
+    """Pose as rank 0 of ``deployment`` (of its pipeline stage ``pp_rank``):
+    its parallel groups, its MoE kernel
     chosen as on its GPU (``stand_ins.moe_kernel_of_the_gpu``), and
     bfloat16 (Kimi-K3's dtype) as the default for unquantized weights."""
     import torch
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     with (
-        simulated_rank(deployment),
+        simulated_rank(Rank(deployment, pp_rank=pp_rank)),
         moe_kernel_of_the_gpu(deployment),
         set_default_torch_dtype(torch.bfloat16),
     ):

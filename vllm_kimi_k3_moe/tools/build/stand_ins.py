@@ -180,12 +180,28 @@ def linear_kernels_on_their_gpu() -> Iterator[None]:
 
 
 @contextmanager
+def a_cuda_device() -> Iterator[None]:
+    """``current_platform.current_device()`` answers ``cuda:0``:
+    ``KimiK3ForConditionalGeneration`` asks for it to move its vision tower
+    there, which it skips for a module on ``meta``; a CPU box's platform has
+    no current device. Holds no parameters."""
+    import torch
+    from vllm.platforms import current_platform
+
+    with replaced_attributes(
+        current_platform, current_device=lambda: torch.device("cuda", 0)
+    ):
+        yield
+
+
+@contextmanager
 def whole_model_on_cpu() -> Iterator[None]:
-    """The stand-ins the whole language model needs, entered together."""
+    """The stand-ins the whole model needs, entered together."""
     with ExitStack() as stack:
         stack.enter_context(cuda_streams_and_events())
         stack.enter_context(mla_attention_kernels())
         stack.enter_context(linear_kernels_on_their_gpu())
+        stack.enter_context(a_cuda_device())
         yield
 
 
@@ -278,45 +294,32 @@ def moe_kernels_on_their_gpu() -> Iterator[None]:
 
 
 @contextmanager
-def mxfp4_backend_chosen(quantization: str, backend: str) -> Iterator[None]:
-    """Make vLLM's MXFP4 MoE method of format ``quantization`` (``mxfp4`` or
-    ``ct-mxfp4``) run ``backend`` (an ``Mxfp4MoeBackend`` name, any case),
-    as the platform check would on a GPU that runs it: the native method's
-    selector, or the compressed-tensors method's CUTLASS device check,
-    answers for the GPU this machine may not have."""
+def compressed_tensors_mxfp4_kernel(backend: str) -> Iterator[None]:
+    """vLLM's compressed-tensors MXFP4 method runs CUTLASS where the GPU
+    supports it (``CutlassExpertsMxfp4._supports_current_device``) and
+    Marlin elsewhere, whatever ``--moe-backend`` says: its device check
+    answers as the GPU ``backend`` names would (``cutlass``: a Blackwell
+    GPU; ``marlin``: one without CUTLASS MXFP4)."""
     from vllm.model_executor.layers.fused_moe.experts.cutlass_moe import (
         CutlassExpertsMxfp4,
     )
-    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
-        Mxfp4MoeBackend,
-        backend_to_kernel_cls,
-    )
-    from vllm.model_executor.layers.quantization import mxfp4 as vllm_mxfp4
 
-    chosen = Mxfp4MoeBackend[backend.upper()]
-    if quantization == mxfp4.COMPRESSED_TENSORS.name:
-        cutlass = chosen == Mxfp4MoeBackend.CUTLASS_MXFP4_MXFP4
-        with replaced_attributes(
+    cutlass = backend == "cutlass"
+    with (
+        moe_kernels_on_their_gpu(),
+        replaced_attributes(
             CutlassExpertsMxfp4, _supports_current_device=staticmethod(lambda: cutlass)
-        ):
-            yield
-        return
-    experts_cls = backend_to_kernel_cls(chosen)[0]
-    with replaced_attributes(
-        vllm_mxfp4,
-        select_deepseek_v4_mxfp4_moe_backend=lambda moe: (chosen, experts_cls),
+        ),
     ):
         yield
 
 
-MXFP4_FORMATS = (mxfp4.RELEASE.name, mxfp4.COMPRESSED_TENSORS.name)
-
-
 def moe_kernel_of_the_gpu(deployment: Deployment) -> Any:
-    """The MoE kernel ``deployment`` names, chosen as on its GPU: an MXFP4
-    format's by ``mxfp4_backend_chosen`` (its names are ``Mxfp4MoeBackend``'s),
-    another format's by vLLM's own selection with every kernel's device check
-    answering as on its GPU (``moe_kernels_on_their_gpu``)."""
-    if deployment.quantization in MXFP4_FORMATS:
-        return mxfp4_backend_chosen(deployment.quantization, deployment.backend)
+    """The MoE kernel ``deployment`` names (``--moe-backend``), chosen by
+    vLLM's own selection with every kernel's device check answering as on
+    the GPU that runs it (``moe_kernels_on_their_gpu``); for
+    compressed-tensors MXFP4, which picks its kernel from the GPU alone, the
+    GPU it names (``compressed_tensors_mxfp4_kernel``)."""
+    if deployment.quantization == mxfp4.COMPRESSED_TENSORS.name:
+        return compressed_tensors_mxfp4_kernel(deployment.backend)
     return moe_kernels_on_their_gpu()

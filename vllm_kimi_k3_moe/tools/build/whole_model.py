@@ -1,14 +1,14 @@
-"""Build vLLM's whole Kimi-K3 language model for rank 0 of a deployment.
+"""Build vLLM's whole Kimi-K3 model for rank 0 of a deployment.
 
-vLLM 0.33.0's ``KimiLinearForCausalLM`` (the language model
-``KimiK3ForConditionalGeneration`` builds, without the vision tower) is built
-for rank 0 on the ``meta`` device, with vLLM's own ``KimiMoE`` or with this
-plugin's, under the ``VllmConfig`` ``vllm serve`` makes for it
-(``vllm_config.rank_vllm_config``), and what it allocates is read from its
-parameters (``allocation``). The model is vLLM's own code throughout;
-``rank`` and ``stand_ins`` stand in only for what a CPU lacks (parallel
-groups, CUDA streams and events, attention, MoE and linear kernels), none of
-which holds parameters.
+vLLM 0.33.0's ``KimiK3ForConditionalGeneration`` (what ``vllm serve`` builds:
+the vision tower, unless ``--language-model-only``, and the language model
+``KimiLinearForCausalLM``) is built for rank 0 on the ``meta`` device, with
+vLLM's own ``KimiMoE`` or with this plugin's, under the ``VllmConfig``
+``vllm serve`` makes for it (``vllm_config.rank_vllm_config``), and what it
+allocates is read from its parameters (``allocation``). The model is vLLM's
+own code throughout; ``rank`` and ``stand_ins`` stand in only for what a CPU
+lacks (parallel groups, CUDA streams and events, the current device,
+attention, MoE and linear kernels), none of which holds parameters.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, ModelAllocation
+from vllm_kimi_k3_moe.tools.build.allocation import (
+    LayerAllocation,
+    ModelAllocation,
+    PlacedAllocation,
+)
 from vllm_kimi_k3_moe.tools.build.rank import rank_zero_of
 from vllm_kimi_k3_moe.tools.build.stand_ins import whole_model_on_cpu
-from vllm_kimi_k3_moe.tools.build.vllm_config import (
-    moe_backend_setting,
-    rank_vllm_config,
-)
+from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
 from vllm_kimi_k3_moe.tools.text_config import main_moe_layers
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
@@ -48,6 +49,7 @@ class RankBuild:
 
     model: Any
     allocation: ModelAllocation
+    placed: PlacedAllocation  # the same bytes, by where a pipeline stage holds them
     moe_layer: LayerAllocation
     vllm_config: Any
 
@@ -72,18 +74,20 @@ def build_rank(
         kimi_moe_class(model_module, kimi_moe_cls),
     ):
         vllm_config = rank_vllm_config(
-            model_dir, deployment, moe_backend_setting(deployment), serving
+            model_dir, deployment, deployment.backend, serving
         )
         with set_current_vllm_config(vllm_config), torch.device("meta"):
-            model = model_module.KimiLinearForCausalLM(
+            model = model_module.KimiK3ForConditionalGeneration(
                 vllm_config=vllm_config, prefix=""
             )
     first_moe = main_moe_layers(text_config)[0]
+    kda_layer = KimiLinearConfig(**text_config).is_kda_layer
     return RankBuild(
         model=model,
-        allocation=ModelAllocation.of(
-            model, KimiLinearConfig(**text_config).is_kda_layer
+        allocation=ModelAllocation.of(model, kda_layer),
+        placed=PlacedAllocation.of(model, text_config["num_hidden_layers"], kda_layer),
+        moe_layer=LayerAllocation.of(
+            model.language_model.model.layers[first_moe].block_sparse_moe
         ),
-        moe_layer=LayerAllocation.of(model.model.layers[first_moe].block_sparse_moe),
         vllm_config=vllm_config,
     )

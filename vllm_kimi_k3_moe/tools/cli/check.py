@@ -20,7 +20,7 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     add_dp_and_ep,
     fail,
     positive_int,
-    send_vllm_logs_to_stderr,
+    quiet_vllm,
 )
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, plan_deployment
 from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Topology
@@ -103,7 +103,6 @@ def _print_vllm_allocation(report: PreflightReport, backend: str) -> None:
     """check --moe-backend: what vLLM allocates for the checkpoint's
     deployment, upstream and with the plugin (imports vLLM)."""
     print(f"building vLLM's Kimi-K3 model for {backend} ...", file=sys.stderr)
-    send_vllm_logs_to_stderr()
     deployment = Deployment(
         tp_size=report.parallelism.tp_size,
         dp_size=report.parallelism.dp_size,
@@ -113,7 +112,8 @@ def _print_vllm_allocation(report: PreflightReport, backend: str) -> None:
     )
     assert report.layout.language_model is not None  # read with --moe-backend
     try:
-        plan = plan_deployment(report.layout.language_model, deployment)
+        with quiet_vllm():
+            plan = plan_deployment(report.layout.language_model, deployment)
         print("\n".join(allocation(plan.moe)))
     except (DeploymentError, PlanError) as error:
         fail("check", str(error))

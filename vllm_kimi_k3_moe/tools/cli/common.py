@@ -4,8 +4,12 @@ the topology options, and vLLM's logs kept off stdout."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 PROG = "vllm-kimi-k3-moe"
@@ -29,21 +33,25 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
+def finite_float(text: str) -> float:
+    """A number that is one: ``inf`` and ``nan`` are refused."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = finite_float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
     return value
 
 
-def fraction(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+fraction = finite_float  # range-checked where it is used (GpuBudget)
 
 
 def add_dp_and_ep(command: argparse.ArgumentParser) -> None:
@@ -70,7 +78,32 @@ def fail(command: str, message: str) -> NoReturn:
     raise SystemExit(USAGE_ERROR)
 
 
-def send_vllm_logs_to_stderr() -> None:
-    """vLLM logs to stdout by default; keep stdout for the command's output."""
+@contextmanager
+def quiet_vllm() -> Iterator[None]:
+    """Importing vLLM and building its model on a machine without a GPU
+    prints lines that are harmless here (``Failed to import from vllm._C``,
+    ``No CUDA runtime is found``, deprecation warnings of torch and its
+    kernel libraries): they go to a temporary file, shown only if the block
+    fails with an error the command does not explain itself. vLLM logs
+    warnings and errors (``VLLM_LOGGING_LEVEL``, unless set) to stderr,
+    never to stdout, which is the command's output."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        failed = True
+        try:
+            yield
+            failed = False
+        except (SystemExit, ValueError):
+            failed = False  # the command's own one-line errors
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if failed:
+                captured.seek(0)
+                sys.stderr.write(captured.read().decode(errors="replace"))

@@ -1,5 +1,12 @@
-"""``vllm-kimi-k3-moe plan``: does Kimi-K3 fit a deployment's GPUs, and how
-much KV cache is left, as vLLM allocates it upstream and with this plugin."""
+"""``vllm-kimi-k3-moe plan``: does Kimi-K3 fit, how, and with how much KV cache.
+
+Two modes. With ``--gpus N`` (and a GPU: ``--gpu NAME`` or
+``--gpu-memory-gib X``) the advisor lists every layout of exactly N GPUs
+vLLM builds, fitting first, with the ``vllm serve`` command of each. With
+``--tp`` (default 8 16 32, and ``--pp``/``--dp``/``--ep``) one row per
+tensor-parallel size. Every input error ends the command before vLLM's
+import (the slow part), in one line with exit status 2.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS
+from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS, format_named
 from vllm_kimi_k3_moe.tools.cli.common import (
     add_dp_and_ep,
     fail,
     fraction,
     positive_float,
     positive_int,
-    send_vllm_logs_to_stderr,
+    quiet_vllm,
 )
 from vllm_kimi_k3_moe.tools.gpu_budget import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -25,8 +32,10 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
     BudgetError,
     GpuBudget,
 )
-from vllm_kimi_k3_moe.tools.plan.planner import PlanError, plan_deployment
-from vllm_kimi_k3_moe.tools.plan.report import as_json, table
+from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
+from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
+from vllm_kimi_k3_moe.tools.plan.report import advice, as_json, table, wide_table
+from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
     ConfigFileError,
@@ -38,7 +47,9 @@ from vllm_kimi_k3_moe.tools.topology import (
     Deployment,
     DeploymentError,
     Serving,
+    layouts,
     validate,
+    validate_backend,
     validate_serving,
 )
 
@@ -52,38 +63,51 @@ def _backends_by_format() -> str:
     return "; ".join(f"{f.name}: {', '.join(f.moe_backends)}" for f in FORMATS)
 
 
+def _gpus() -> str:
+    return ", ".join(f"{p.name} ({p.memory_gib:g} GiB)" for p in GPU_PRESETS.values())
+
+
 def add_command(commands: Subcommands) -> None:
     plan = commands.add_parser(
         "plan",
-        help="does Kimi-K3 fit a deployment's GPUs, and how much KV cache is left",
+        help="which vLLM layouts serve Kimi-K3 on your GPUs, with how much KV "
+        "cache, and the vllm serve command for each",
         description=(
-            f"Build {VLLM}'s whole Kimi-K3 language model (embeddings, 24 MLA "
-            "and 69 KDA attention layers, the dense layer, 92 MoE layers, "
-            "lm_head) for rank 0 of each deployment on the meta device (no GPU, "
-            "no weights), as upstream vLLM builds it and with this plugin, and "
-            "report what it allocates per GPU: the MoE layers and the whole "
-            "model. With --gpu-memory-gib, also whether it fits and how much KV "
-            "cache vLLM would allocate next to it, from the KV-cache specs of "
-            "the built layers. Without options: TP8, TP16 and TP32, no expert "
-            "parallelism, the released MXFP4 format on Marlin, Kimi-K3's "
-            "published text config."
+            "Answer before any GPU is involved whether Kimi-K3 fits, and how: "
+            f"build {VLLM}'s Kimi-K3 language model for rank 0 of each layout "
+            "on the meta device (no GPU, no weights), as vLLM alone builds it "
+            "and with this plugin, and report what the heaviest GPU holds; "
+            "with a GPU size, also whether vLLM starts and how much KV cache "
+            "it then has, from vLLM's own KV-cache planner. "
+            "Advisor: --gpus N with --gpu NAME (or --gpu-memory-gib X) lists "
+            "every tensor x pipeline x data-parallel layout of exactly N GPUs, "
+            "with and without expert parallelism, that vLLM builds for the "
+            "format and kernel, fitting first, and the vllm serve command of "
+            "each. Otherwise one row per --tp size (default 8 16 32)."
         ),
         epilog=(
+            f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees. "
             f"MoE backends per format (--moe-backend): {_backends_by_format()}. "
-            "The MXFP4 formats take vLLM's Mxfp4MoeBackend names, the others "
-            "vLLM's --moe-backend names. Exit status: 0 printed, 2 unusable "
-            "input."
+            "Exit status: 0 printed, 2 unusable input (one line on stderr)."
         ),
     )
     plan.add_argument(
-        "--config",
-        type=Path,
-        metavar="PATH",
-        help="a Hugging Face config.json with Kimi-K3's whole text config "
-        "(may be nested under text_config; MoE and attention fields both "
-        "needed); default: Kimi-K3's published text_config (hidden 7168, "
-        "93 layers: 24 MLA + 69 KDA, 92 MoE with 896 experts of 3072, "
-        "latent 3584, vocab 163840)",
+        "--gpus",
+        type=positive_int,
+        metavar="N",
+        help="advisor: every layout of exactly N GPUs (needs --gpu or "
+        "--gpu-memory-gib; not with --tp/--pp/--dp/--ep)",
+    )
+    plan.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help=f"the GPU, for its memory: {', '.join(GPU_PRESETS)}",
+    )
+    plan.add_argument(
+        "--gpu-memory-gib",
+        type=positive_float,
+        metavar="X",
+        help="memory of one GPU in GiB as CUDA reports it, for any other GPU",
     )
     plan.add_argument(
         "--tp",
@@ -92,51 +116,36 @@ def add_command(commands: Subcommands) -> None:
         type=positive_int,
         nargs="+",
         metavar="N",
-        help="tensor-parallel sizes, one table row each (default: 8 16 32)",
+        help="tensor-parallel sizes, one row each (default: 8 16 32)",
+    )
+    plan.add_argument(
+        "--pp",
+        "--pipeline-parallel-size",
+        dest="pp_size",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="pipeline-parallel size: each stage sized from vLLM's layer split "
+        "(default: 1)",
     )
     add_dp_and_ep(plan)
     plan.add_argument(
         "--quantization",
         choices=FORMAT_NAMES,
         default="mxfp4",
-        help="the checkpoint's format, with the quantization config of its "
-        "published checkpoint: mxfp4 (the release, compressed-tensors "
-        "mxfp4-pack-quantized, which vLLM serves as native MXFP4), "
-        "ct-mxfp4 (other compressed-tensors MXFP4), fp8-block, "
-        "nvfp4 (compressed-tensors), modelopt-nvfp4, w4a16 (INT4), bf16; "
-        "default: mxfp4",
+        help="the checkpoint's format, with its published quantization config: "
+        "mxfp4 (the release, compressed-tensors mxfp4-pack-quantized, which "
+        "vLLM serves as native MXFP4), ct-mxfp4 (other compressed-tensors "
+        "MXFP4), fp8-block, nvfp4 (compressed-tensors), modelopt-nvfp4, "
+        "w4a16 (INT4), bf16 (default: mxfp4)",
     )
     plan.add_argument(
         "--moe-backend",
         default="marlin",
         metavar="NAME",
-        help="the MoE kernel vLLM runs (default: marlin; the format's choices "
-        "are below). 'auto' is refused: vLLM resolves it from the GPU it "
-        "starts on",
-    )
-    plan.add_argument(
-        "--gpu-memory-gib",
-        type=positive_float,
-        metavar="N",
-        help="memory of one GPU in GiB (80 for H100, 96 for H20, 141 for "
-        "H200): adds whether Kimi-K3 fits and the KV cache left per GPU",
-    )
-    plan.add_argument(
-        "--gpu-memory-utilization",
-        type=fraction,
-        default=DEFAULT_GPU_MEMORY_UTILIZATION,
-        metavar="U",
-        help="the share of each GPU vLLM takes, in (0, 1] (default: "
-        f"{DEFAULT_GPU_MEMORY_UTILIZATION:g}, {VLLM}'s)",
-    )
-    plan.add_argument(
-        "--reserve-gib",
-        type=fraction,
-        default=DEFAULT_RESERVE_GIB,
-        metavar="N",
-        help="GiB per GPU kept for activations, CUDA graphs and communication "
-        f"workspaces (default: {DEFAULT_RESERVE_GIB:g}, an estimate: vLLM "
-        "measures them at start-up; use the figure its log gives)",
+        help="vLLM's --moe-backend, the MoE kernel (default: marlin; the "
+        "format's choices are below); 'auto' is refused: vLLM resolves it "
+        "from the GPU it starts on",
     )
     plan.add_argument(
         "--kv-cache-dtype",
@@ -152,6 +161,48 @@ def add_command(commands: Subcommands) -> None:
         help=f"vLLM's --max-model-len, in tokens (default: {DEFAULT_MAX_MODEL_LEN})",
     )
     plan.add_argument(
+        "--gpu-memory-utilization",
+        type=fraction,
+        metavar="U",
+        help="the share of each GPU vLLM takes, in (0, 1] (default: "
+        f"{DEFAULT_GPU_MEMORY_UTILIZATION:g}, {VLLM}'s); needs a GPU size",
+    )
+    plan.add_argument(
+        "--reserve-gib",
+        type=fraction,
+        metavar="N",
+        help="GiB per GPU kept for activations, CUDA graphs and communication "
+        f"workspaces (default: {DEFAULT_RESERVE_GIB:g}, an estimate: vLLM "
+        "measures them at start-up; use the figure its log gives); needs a "
+        "GPU size",
+    )
+    plan.add_argument(
+        "--language-model-only",
+        action="store_true",
+        help="as vLLM's flag: serve without the vision tower (by default "
+        "vLLM loads it: 0.9 GB per GPU of the first pipeline stage)",
+    )
+    plan.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="a Hugging Face config.json with Kimi-K3's whole text config "
+        "(may be nested under text_config); default: Kimi-K3's published "
+        "text_config (hidden 7168, 93 layers: 24 MLA + 69 KDA, 92 MoE with "
+        "896 experts of 3072, latent 3584, vocab 163840)",
+    )
+    plan.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        metavar="PATH_OR_ID",
+        help=f"the checkpoint the serve commands name (default: {DEFAULT_MODEL})",
+    )
+    plan.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column (the MoE layer's partition and bytes per layer)",
+    )
+    plan.add_argument(
         "--json", action="store_true", help="print JSON instead of the table"
     )
     plan.set_defaults(run=run)
@@ -162,66 +213,136 @@ class PlanInput:
     """What ``plan`` was asked, validated."""
 
     text_config: dict[str, Any]
-    deployments: list[Deployment]
+    deployments: list[Deployment]  # explicit mode; the advisor enumerates
     serving: Serving
     budget: GpuBudget | None
+    gpu_title: str | None  # the preset's name, or the GiB given
+
+
+def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
+    if args.gpu is not None and args.gpu_memory_gib is not None:
+        raise BudgetError("give --gpu or --gpu-memory-gib, not both")
+    if args.gpu is not None:
+        preset = gpu_preset(args.gpu)
+        memory, title = preset.memory_gib, preset.title
+    elif args.gpu_memory_gib is not None:
+        memory, title = args.gpu_memory_gib, f"{args.gpu_memory_gib:g} GiB"
+    else:
+        for option, value in (
+            ("--gpu-memory-utilization", args.gpu_memory_utilization),
+            ("--reserve-gib", args.reserve_gib),
+        ):
+            if value is not None:
+                raise BudgetError(
+                    f"{option} needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
+                )
+        return None, None
+    utilization = args.gpu_memory_utilization
+    reserve = args.reserve_gib
+    budget = GpuBudget(
+        memory,
+        DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization,
+        DEFAULT_RESERVE_GIB if reserve is None else reserve,
+    )
+    return budget, title
 
 
 def _plan_input(args: argparse.Namespace) -> PlanInput:
-    """The text config, deployments, serving settings and GPU budget: every
-    input error ends the command here, before vLLM's import (the slow part)."""
+    """Every input error ends the command here, before vLLM is imported."""
     try:
         text_config = (
             KIMI_K3_TEXT_CONFIG
             if args.config is None
             else read_language_model_config(args.config)
         )
-        deployments = [
-            Deployment(
-                tp_size=tp,
-                dp_size=args.dp_size,
-                expert_parallel=args.expert_parallel,
-                backend=args.moe_backend.lower(),
-                quantization=args.quantization,
-            )
-            for tp in args.tp_sizes or DEFAULT_TP_SIZES
-        ]
-        for deployment in deployments:
-            validate(text_config, deployment)
-        serving = Serving(args.kv_cache_dtype, args.max_model_len)
-        validate_serving(serving)
-        # without a GPU size there is nothing to fit: no budget
-        budget = (
-            None
-            if args.gpu_memory_gib is None
-            else GpuBudget(
-                args.gpu_memory_gib, args.gpu_memory_utilization, args.reserve_gib
-            )
+        budget, gpu_title = _budget(args)
+        serving = Serving(
+            args.kv_cache_dtype, args.max_model_len, args.language_model_only
         )
-    except (ConfigFileError, DeploymentError, BudgetError) as error:
+        validate_serving(serving)
+        backend = args.moe_backend.lower()
+        fmt = format_named(args.quantization)
+        if args.gpus is not None:
+            explicit = [
+                option
+                for option, given in (
+                    ("--tp", args.tp_sizes is not None),
+                    ("--pp", args.pp_size != 1),
+                    ("--dp", args.dp_size != 1),
+                    ("--ep", args.expert_parallel),
+                )
+                if given
+            ]
+            if explicit:
+                raise DeploymentError(
+                    f"--gpus lists every layout itself; drop {', '.join(explicit)}"
+                )
+            if budget is None:
+                raise DeploymentError(
+                    "--gpus needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
+                )
+            validate_backend(fmt.name, backend)
+            if not layouts(args.gpus, text_config, fmt):
+                raise DeploymentError(
+                    f"no layout of {args.gpus} GPUs builds Kimi-K3 in {fmt.name}: "
+                    "tensor parallelism must divide 96 heads and the vocabulary "
+                    f"of {text_config.get('vocab_size')}, and each expert's "
+                    f"{text_config['moe_intermediate_size']} rows split over a "
+                    "stage's GPUs in whole scale groups (or its "
+                    f"{text_config['num_experts']} experts, with --ep)"
+                )
+            deployments = []
+        else:
+            deployments = [
+                Deployment(
+                    tp,
+                    dp_size=args.dp_size,
+                    pp_size=args.pp_size,
+                    expert_parallel=args.expert_parallel,
+                    backend=backend,
+                    quantization=fmt.name,
+                )
+                for tp in args.tp_sizes or DEFAULT_TP_SIZES
+            ]
+            for deployment in deployments:
+                validate(text_config, deployment)
+    except (ConfigFileError, DeploymentError, BudgetError, GpuError) as error:
         fail("plan", str(error))
-    return PlanInput(text_config, deployments, serving, budget)
+    return PlanInput(text_config, deployments, serving, budget, gpu_title)
 
 
 def run(args: argparse.Namespace) -> int:
     asked = _plan_input(args)
-    send_vllm_logs_to_stderr()
-    plans = []
-    count = len(asked.deployments)
+    print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
     try:
-        for index, deployment in enumerate(asked.deployments, 1):
-            print(
-                f"[{index}/{count}] building {deployment.label()} (upstream and "
-                "fixed)" + (", importing vLLM first" if index == 1 else ""),
-                file=sys.stderr,
-                flush=True,
+        with quiet_vllm():
+            planner = Planner(
+                asked.text_config,
+                asked.serving,
+                asked.budget,
+                args.model,
             )
-            plans.append(
-                plan_deployment(
-                    asked.text_config, deployment, asked.serving, asked.budget
-                )
-            )
+            with planner:
+                if args.gpus is not None:
+                    plans, refused = planner.advise(
+                        args.gpus, args.quantization, args.moe_backend.lower()
+                    )
+                else:
+                    plans, refused = [planner.plan(d) for d in asked.deployments], []
     except (DeploymentError, PlanError) as error:
         fail("plan", str(error))
-    print(as_json(plans) if args.json else table(plans))
+    if args.json:
+        print(as_json(plans))
+    elif args.wide:
+        print(wide_table(plans))
+    elif args.gpus is not None:
+        fmt = format_named(args.quantization)
+        title = (
+            f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: {fmt.title} on "
+            f"{args.moe_backend.lower()}, {len(plans)} layouts vLLM builds, "
+            "GB = 10^9 bytes"
+        )
+        print(advice(plans, refused, title))
+    else:
+        print(table(plans))
     return 0

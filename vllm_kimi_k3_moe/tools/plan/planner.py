@@ -1,38 +1,52 @@
-"""Size one Kimi-K3 deployment per GPU by building vLLM's model for rank 0.
+"""Size Kimi-K3 deployments per GPU by building vLLM's model for rank 0.
 
-For a deployment (TP, DP, expert parallelism, published format and MoE
-kernel), ``plan_deployment`` builds vLLM 0.33.0's whole Kimi-K3 language model
-for rank 0 on the ``meta`` device twice, as upstream builds it and with this
-plugin (``tools.build.whole_model``), reads the shape and dtype of every
-parameter, and sizes the KV cache vLLM would allocate next to each
-(``tools.build.kv_cache``). ``topology.validate`` refuses topologies that
-split the experts, the intermediate size or the attention heads unevenly, so
-every rank allocates what rank 0 does and rank 0 stands for each GPU.
+For a deployment (TP, PP, DP, expert parallelism, published format and MoE
+kernel) the ``Planner`` builds vLLM 0.33.0's whole Kimi-K3 language model for
+rank 0 on the ``meta`` device twice, as upstream builds it and with this
+plugin (``tools.build.whole_model``), without pipeline parallelism: each
+pipeline stage's share is summed from the per-layer sizes of that build, the
+layers split as vLLM splits them (``get_pp_indices``; embeddings on the first
+stage, ``lm_head`` on the last). The KV cache of each stage comes from the
+specs of the attention layers it holds, sized together by vLLM's own planner
+(``tools.build.kv_cache``). A build is made once per distinct sharding (TP,
+the MoE's TP x DP group, expert parallelism) and reused by every layout that
+shares it. ``topology.validate`` refuses, before any build, what vLLM cannot
+build, so every GPU of a stage allocates what its rank 0 does.
 """
 
 from __future__ import annotations
 
 import importlib
 import tempfile
-from dataclasses import replace
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe.formats import KimiK3Format, format_named
 from vllm_kimi_k3_moe.patching import upstream_class
+from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, PlacedAllocation
 from vllm_kimi_k3_moe.tools.build.kv_cache import KvCachePlanner
-from vllm_kimi_k3_moe.tools.build.vllm_config import (
-    served_quantization_config,
-    write_model_dir,
-)
+from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan, MoeMemoryPlan
-from vllm_kimi_k3_moe.tools.text_config import moe_layer_count
+from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_command
+from vllm_kimi_k3_moe.tools.plan.values import (
+    DeploymentPlan,
+    MoeMemoryPlan,
+    StageAllocation,
+)
+from vllm_kimi_k3_moe.tools.text_config import (
+    moe_layer_count,
+    one_layer_of_each,
+)
 from vllm_kimi_k3_moe.tools.topology import (
     Deployment,
+    DeploymentError,
     Serving,
+    layouts,
     validate,
     validate_serving,
 )
@@ -56,31 +70,111 @@ def kimi_moe_classes() -> tuple[type, type]:
     return upstream, model.KimiMoE
 
 
-def plan_deployment(
-    text_config: dict[str, Any],
-    deployment: Deployment,
-    serving: Serving | None = None,
-    budget: GpuBudget | None = None,
-) -> DeploymentPlan:
-    """Build vLLM's whole Kimi-K3 language model for rank 0 of ``deployment``,
-    upstream and fixed, in the deployment's published format, and size it.
-    ``text_config`` is a whole text config (``KIMI_K3_TEXT_CONFIG`` or a
-    ``config.json``'s)."""
-    serving = serving or Serving()
-    validate(text_config, deployment)
-    validate_serving(serving)
-    upstream_cls, fixed_cls = kimi_moe_classes()
-    with tempfile.TemporaryDirectory(prefix="kimi-k3-config-") as directory:
-        try:
-            model_dir = write_model_dir(
-                text_config,
-                served_quantization_config(deployment.format),
-                serving,
-                Path(directory),
+def pipeline_stages(num_layers: int, pp_size: int) -> list[tuple[int, int]]:
+    """The decoder layers [start, end) of each stage, as vLLM splits them."""
+    from vllm.distributed.utils import get_pp_indices
+
+    return [get_pp_indices(num_layers, rank, pp_size) for rank in range(pp_size)]
+
+
+@dataclass(frozen=True)
+class _Sharding:
+    """What changes a rank's weights: the attention's TP, the MoE's group
+    (TP x DP, or with expert parallelism its experts), the format and kernel."""
+
+    tp_size: int
+    dp_size: int
+    expert_parallel: bool
+    quantization: str
+    backend: str
+
+    @classmethod
+    def of(cls, deployment: Deployment) -> _Sharding:
+        return cls(
+            deployment.tp_size,
+            deployment.dp_size,
+            deployment.expert_parallel,
+            deployment.quantization,
+            deployment.backend,
+        )
+
+    def deployment(self) -> Deployment:
+        return Deployment(
+            self.tp_size,
+            dp_size=self.dp_size,
+            expert_parallel=self.expert_parallel,
+            backend=self.backend,
+            quantization=self.quantization,
+        )
+
+
+@dataclass(frozen=True)
+class _Built:
+    """One sharding's rank 0, upstream and fixed, and its KV-cache specs."""
+
+    upstream: PlacedAllocation
+    fixed: PlacedAllocation
+    upstream_moe: LayerAllocation
+    fixed_moe: LayerAllocation
+    kv: KvCachePlanner
+
+
+class Planner:
+    """Sizes deployments of one text config under one serving setup and GPU
+    budget, building each distinct sharding once."""
+
+    def __init__(
+        self,
+        text_config: dict[str, Any],
+        serving: Serving | None = None,
+        budget: GpuBudget | None = None,
+        model: str = DEFAULT_MODEL,
+    ) -> None:
+        self.text_config = text_config
+        self.serving = serving or Serving()
+        validate_serving(self.serving)
+        self.budget = budget
+        self.model = model
+        self.upstream_cls, self.fixed_cls = kimi_moe_classes()
+        self._directory = tempfile.TemporaryDirectory(prefix="kimi-k3-config-")
+        self._model_dirs: dict[tuple[str, bool], Path] = {}
+        self._builds: dict[_Sharding, _Built] = {}
+
+    def close(self) -> None:
+        self._directory.cleanup()
+
+    def __enter__(self) -> Planner:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _model_dir(
+        self, fmt: KimiK3Format, text_config: dict[str, Any], serving: Serving
+    ) -> Path:
+        key = (fmt.name, text_config is self.text_config)
+        if key not in self._model_dirs:
+            directory = (
+                Path(self._directory.name) / f"{fmt.name}-{len(self._model_dirs)}"
             )
-            upstream, fixed = (
+            directory.mkdir()
+            self._model_dirs[key] = write_model_dir(
+                text_config, fmt.published_quantization_config(), serving, directory
+            )
+        return self._model_dirs[key]
+
+    def _build(self, sharding: _Sharding, text_config: dict[str, Any]) -> Any:
+        """(upstream, fixed) ``RankBuild`` of ``sharding``'s rank 0, one
+        pipeline stage holding every layer of ``text_config``."""
+        deployment = sharding.deployment()
+        serving = self.serving
+        if text_config is not self.text_config:  # an MoE layer alone
+            serving = replace(serving, language_model_only=True)
+        model_dir = self._model_dir(deployment.format, text_config, serving)
+        try:
+            return tuple(
                 build_rank(cls, text_config, deployment, serving, model_dir)
-                for cls in (upstream_cls, fixed_cls)
+                for cls in (self.upstream_cls, self.fixed_cls)
             )
         except (AssertionError, TypeError, ValueError, RuntimeError) as error:
             raise PlanError(
@@ -88,30 +182,145 @@ def plan_deployment(
                 f"{deployment.quantization} on {deployment.backend}: "
                 f"{type(error).__name__}: {error}".replace("\n", " ")
             ) from error
-    kv_cache = KvCachePlanner(fixed.vllm_config)
-    moe = MoeMemoryPlan(
-        deployment=deployment,
-        moe_layers=moe_layer_count(text_config),
-        logical_intermediate_per_rank=deployment.intermediate_per_gpu(
-            text_config["moe_intermediate_size"]
-        ),
-        upstream=upstream.moe_layer,
-        fixed=fixed.moe_layer,
-    )
-    plan = DeploymentPlan(
-        moe=moe,
-        serving=serving,
-        upstream=upstream.allocation,
-        fixed=fixed.allocation,
-        kv_cache=kv_cache.shape,
-    )
-    if budget is None:
-        return plan
-    return replace(
-        plan,
-        budget=budget,
-        upstream_kv=kv_cache.capacity(
-            budget.kv_cache_bytes(upstream.allocation.total_bytes)
-        ),
-        fixed_kv=kv_cache.capacity(budget.kv_cache_bytes(fixed.allocation.total_bytes)),
-    )
+
+    def _built(self, deployment: Deployment) -> _Built:
+        """The sharding of ``deployment``, built once: the whole model for its
+        TP and expert parallelism; with DP, whose MoE group is TP x DP, the
+        MLPs alone under that group, in a two-layer model (a dense layer and
+        an MoE layer; attention, embeddings and norms depend on TP alone)."""
+        sharding = _Sharding.of(deployment)
+        if sharding in self._builds:
+            return self._builds[sharding]
+        whole_sharding = replace(sharding, dp_size=1)
+        if whole_sharding not in self._builds:
+            upstream, fixed = self._build(whole_sharding, self.text_config)
+            self._builds[whole_sharding] = _Built(
+                upstream.placed,
+                fixed.placed,
+                upstream.moe_layer,
+                fixed.moe_layer,
+                KvCachePlanner(fixed.vllm_config),
+            )
+        whole = self._builds[whole_sharding]
+        if sharding.dp_size > 1:
+            upstream, fixed = self._build(sharding, one_layer_of_each(self.text_config))
+            self._builds[sharding] = replace(
+                whole,
+                upstream=whole.upstream.with_mlps_of(upstream.placed),
+                fixed=whole.fixed.with_mlps_of(fixed.placed),
+                upstream_moe=upstream.moe_layer,
+                fixed_moe=fixed.moe_layer,
+            )
+        return self._builds[sharding]
+
+    def plan(self, deployment: Deployment) -> DeploymentPlan:
+        """Size ``deployment`` (validated here first)."""
+        validate(self.text_config, deployment)
+        built = self._built(deployment)
+        num_layers = self.text_config["num_hidden_layers"]
+        ranges = pipeline_stages(num_layers, deployment.pp_size)
+        last = len(ranges) - 1
+        stages = tuple(
+            StageAllocation(
+                index=index,
+                layers=(start, end),
+                upstream=built.upstream.stage(start, end, index == 0, index == last),
+                fixed=built.fixed.stage(start, end, index == 0, index == last),
+            )
+            for index, (start, end) in enumerate(ranges)
+        )
+        moe = MoeMemoryPlan(
+            deployment=deployment,
+            moe_layers=moe_layer_count(self.text_config),
+            logical_intermediate_per_rank=deployment.intermediate_per_gpu(
+                self.text_config["moe_intermediate_size"]
+            ),
+            upstream=built.upstream_moe,
+            fixed=built.fixed_moe,
+        )
+        plan = DeploymentPlan(
+            moe=moe,
+            serving=self.serving,
+            stages=stages,
+            kv_cache=built.kv.shape,
+            serve_command=serve_command(
+                deployment,
+                self.serving,
+                self.budget,
+                self.model,
+            ),
+            not_counted=NOT_COUNTED,
+        )
+        if self.budget is None:
+            return plan
+        return replace(
+            plan,
+            budget=self.budget,
+            upstream_kv=self._capacity(built, stages, ranges, "upstream"),
+            fixed_kv=self._capacity(built, stages, ranges, "fixed"),
+        )
+
+    def _capacity(
+        self,
+        built: _Built,
+        stages: Iterable[StageAllocation],
+        ranges: list[tuple[int, int]],
+        side: str,
+    ) -> Any:
+        assert self.budget is not None
+        available = [
+            self.budget.kv_cache_bytes(getattr(stage, side).total_bytes)
+            for stage in stages
+        ]
+        return built.kv.capacity(available, ranges)
+
+    def advise(
+        self, gpus: int, quantization: str, backend: str
+    ) -> tuple[list[DeploymentPlan], list[str]]:
+        """Every layout of exactly ``gpus`` GPUs vLLM builds for the format
+        and kernel, sized, fitting first and then by KV-cache tokens; and the
+        layouts vLLM refused at build time, each with its reason."""
+        fmt = format_named(quantization)
+        plans, refused = [], []
+        for topology in layouts(gpus, self.text_config, fmt):
+            deployment = Deployment(
+                topology.tp_size,
+                dp_size=topology.dp_size,
+                pp_size=topology.pp_size,
+                expert_parallel=topology.expert_parallel,
+                backend=backend,
+                quantization=quantization,
+            )
+            try:
+                plans.append(self.plan(deployment))
+            except (DeploymentError, PlanError) as error:
+                refused.append(f"{deployment.label()}: {error}")
+        plans.sort(key=_advice_order)
+        return plans, refused
+
+
+# What ``vllm serve`` allocates beside the parameters the planner counts.
+NOT_COUNTED = (
+    "what kernels add after loading (MLA's absorbed matrices)",
+    "the vision tower's RoPE table (128 MiB, made at its first forward)",
+    "an MTP draft's layers and KV cache (none published)",
+)
+
+
+def _advice_order(plan: DeploymentPlan) -> tuple[Any, ...]:
+    """Fitting with the plugin first, then most KV-cache tokens, then the
+    fewest weights on the heaviest GPU."""
+    kv = plan.fixed_kv
+    tokens = kv.tokens if kv is not None else 0
+    return (not plan.fits("fixed"), -tokens, plan.fixed.total_bytes)
+
+
+def plan_deployment(
+    text_config: dict[str, Any],
+    deployment: Deployment,
+    serving: Serving | None = None,
+    budget: GpuBudget | None = None,
+) -> DeploymentPlan:
+    """Size one deployment (a ``Planner`` of its own)."""
+    with Planner(text_config, serving, budget) as planner:
+        return planner.plan(deployment)

@@ -1,4 +1,5 @@
-"""Render ``DeploymentPlan`` results: the plain-text table and the JSON document."""
+"""Render ``DeploymentPlan`` results: the tables a person reads (one screen,
+120 columns; ``--wide`` for every column) and the JSON document."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
 
 GB = 10**9
+SERVE_COMMANDS_SHOWN = 3  # the advisor's text; --json has every one
 
 
 def _gb(num_bytes: int) -> str:
@@ -19,8 +21,11 @@ def _gb_per_layer(num_bytes: int) -> str:
     return f"{num_bytes / GB:.3f}"
 
 
-def _render(groups: list[tuple[str, list[str]]], rows: list[list[str]]) -> list[str]:
-    """Columns under spanning group labels; first column left, others right."""
+def _render(
+    groups: list[tuple[str, list[str]]], rows: list[list[str]], left_last: bool = False
+) -> list[str]:
+    """Columns under spanning group labels; first column left, others right
+    (the last one left too, with ``left_last``)."""
     names = [name for _, columns in groups for name in columns]
     widths = [max(len(n), *(len(r[i]) for r in rows)) for i, n in enumerate(names)]
     spans, start = [], 0
@@ -36,13 +41,16 @@ def _render(groups: list[tuple[str, list[str]]], rows: list[list[str]]) -> list[
     def line(cells: Sequence[str]) -> str:
         padded = [cells[0].ljust(widths[0])]
         padded += [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        if left_last:
+            padded[-1] = cells[-1].ljust(widths[-1])
         return "  ".join(padded).rstrip()
 
     return ["  ".join(spans).rstrip(), line(names), *(line(r) for r in rows)]
 
 
-def table(plans: Sequence[DeploymentPlan]) -> str:
-    """One row per deployment; per-GPU figures, GB = 10^9 bytes."""
+def wide_table(plans: Sequence[DeploymentPlan]) -> str:
+    """``--wide``: one row per deployment with every column; per-GPU
+    figures, GB = 10^9 bytes."""
     first = plans[0]
     layers = first.moe.moe_layers
     budget, serving = first.budget, first.serving
@@ -121,16 +129,101 @@ def table(plans: Sequence[DeploymentPlan]) -> str:
     )
 
 
-def as_json(plans: Sequence[DeploymentPlan]) -> str:
-    documents = []
+def _note(plan: DeploymentPlan) -> str:
+    """The last column: why it does not fit, or what the plugin changes."""
+    if plan.budget is None:
+        return ""
+    reason = plan.reason()
+    if reason is not None:
+        return reason
+    if plan.plugin_makes_it_fit:
+        return "fits with the plugin only"
+    return ""
+
+
+def table(plans: Sequence[DeploymentPlan], title: str | None = None) -> str:
+    """The default table: one row per deployment, what a person deciding
+    needs (120 columns): the layout, the heaviest GPU's weights as vLLM alone
+    and with the plugin allocate them, and, with a GPU size, whether each
+    fits, the KV cache and why not."""
+    first = plans[0]
+    budget, serving = first.budget, first.serving
+    groups = [
+        ("", ["layout", "GPUs"]),
+        ("weights GB/GPU", ["vLLM", "plugin"]),
+    ]
+    if budget is not None:
+        groups += [
+            ("fits", ["vLLM", "plugin"]),
+            ("with the plugin", ["KV tokens", "requests"]),
+            ("", ["note"]),
+        ]
+    rows = []
     for p in plans:
-        document = p.to_dict()
-        if p.budget is not None:
-            assert p.upstream_kv is not None and p.fixed_kv is not None
-            document["fits"] = {
-                "gpu_memory_gib": p.budget.gpu_memory_gib,
-                "upstream": p.upstream_kv.tokens > 0,
-                "fixed": p.fixed_kv.tokens > 0,
-            }
-        documents.append(document)
-    return json.dumps(documents, indent=2)
+        row = [
+            p.deployment.label(),
+            str(p.deployment.gpus),
+            _gb(p.upstream.total_bytes),
+            _gb(p.fixed.total_bytes),
+        ]
+        if budget is not None:
+            assert p.fixed_kv is not None
+            row += ["yes" if p.fits(side) else "no" for side in ("upstream", "fixed")]
+            row += [f"{p.fixed_kv.tokens:,}", f"{p.fixed_kv.concurrency:.1f}"]
+            row.append(_note(p))
+        rows.append(row)
+    d = first.deployment
+    lines = [
+        title
+        or (
+            f"Kimi-K3 per GPU: {d.format.title} on {d.backend}, GB = 10^9 bytes"
+            + (f", {budget.gpu_memory_gib:g} GiB GPUs" if budget else "")
+        ),
+        "",
+        *_render(groups, rows, left_last=budget is not None),
+        "",
+        "weights: every parameter of vLLM's Kimi-K3 language model on the heaviest",
+        f"GPU (pipeline stage), as {VLLM} alone allocates it and with this plugin.",
+    ]
+    if budget is not None:
+        kv = first.kv_cache
+        lines += [
+            f"fits: vLLM takes {budget.utilization:g} of each GPU "
+            "(--gpu-memory-utilization), less the",
+            f"weights and a {budget.reserve_gib:g} GiB reserve (--reserve-gib, an "
+            "estimate); the rest is KV cache,",
+            "sized by vLLM's own planner; it fits when that holds one request of",
+            f"--max-model-len {serving.max_model_len}. KV cache "
+            f"({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B per token "
+            f"on every GPU, plus KDA state per sequence.",
+        ]
+    return "\n".join(lines)
+
+
+def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) -> str:
+    """The advisor's answer: every layout that builds, fitting first, then
+    the ``vllm serve`` command of each layout that fits with the plugin."""
+    lines = [table(plans, title)]
+    fitting = [p for p in plans if p.fits("fixed")]
+    if fitting:
+        shown = fitting[:SERVE_COMMANDS_SHOWN]
+        lines += ["", "vllm serve (with the plugin installed), best first:"]
+        lines += [f"  {p.deployment.label()}: {p.serve_command}" for p in shown]
+        if len(fitting) > len(shown):
+            lines.append(
+                f"  and {len(fitting) - len(shown)} more that fit: --json gives "
+                "every layout's command"
+            )
+    else:
+        lines += ["", "No layout fits: see the note column."]
+    if refused:
+        lines += ["", f"{len(refused)} layouts vLLM refuses to build are left out:"]
+        lines += [f"  {line}" for line in refused]
+    not_counted = plans[0].not_counted
+    if not_counted:
+        lines += ["", "Not counted: " + "; ".join(not_counted) + "."]
+    return "\n".join(lines)
+
+
+def as_json(plans: Sequence[DeploymentPlan]) -> str:
+    return json.dumps([p.to_dict() for p in plans], indent=2)

@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, ModelAllocation
 from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape, KvCapacity
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.gpu_budget import GIB, GpuBudget
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 
@@ -63,18 +63,44 @@ class MoeMemoryPlan:
 
 
 @dataclass(frozen=True)
+class StageAllocation:
+    """What each GPU of one pipeline stage allocates, upstream and fixed."""
+
+    index: int
+    layers: tuple[int, int]  # the decoder layers it holds: [start, end)
+    upstream: ModelAllocation
+    fixed: ModelAllocation
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "layers": list(self.layers),
+            "upstream_bytes": self.upstream.total_bytes,
+            "fixed_bytes": self.fixed.total_bytes,
+            "upstream_components": self.upstream.components,
+            "fixed_components": self.fixed.components,
+        }
+
+
+def _heaviest(stages: tuple[StageAllocation, ...], side: str) -> ModelAllocation:
+    return max((getattr(s, side) for s in stages), key=lambda a: a.total_bytes)
+
+
+@dataclass(frozen=True)
 class DeploymentPlan:
-    """Everything ``plan`` reports for one deployment, read from vLLM's whole
+    """Everything ``plan`` reports for one deployment, read from vLLM's
     language model built for rank 0 upstream and with the plugin: the
-    MoE-layer figures, the whole model's weights per GPU by component, the
-    KV cache's make-up and, given a GPU budget, what vLLM would allocate of
-    it next to each model."""
+    MoE-layer figures, each pipeline stage's weights per GPU by component
+    (``upstream``/``fixed``: the heaviest stage's), the KV cache's make-up
+    and, given a GPU budget, what vLLM would allocate of it next to each
+    model, and the ``vllm serve`` command that asks for it."""
 
     moe: MoeMemoryPlan
     serving: Serving
-    upstream: ModelAllocation
-    fixed: ModelAllocation
+    stages: tuple[StageAllocation, ...]
     kv_cache: KvCacheShape
+    serve_command: str
+    not_counted: tuple[str, ...] = ()  # what vllm serve holds that is not here
     budget: GpuBudget | None = None
     upstream_kv: KvCapacity | None = None
     fixed_kv: KvCapacity | None = None
@@ -82,6 +108,43 @@ class DeploymentPlan:
     @property
     def deployment(self) -> Deployment:
         return self.moe.deployment
+
+    @property
+    def upstream(self) -> ModelAllocation:
+        return _heaviest(self.stages, "upstream")
+
+    @property
+    def fixed(self) -> ModelAllocation:
+        return _heaviest(self.stages, "fixed")
+
+    def fits(self, side: str) -> bool | None:
+        """Whether vLLM would start (``side``: upstream or fixed); None
+        without a GPU size."""
+        capacity = self.upstream_kv if side == "upstream" else self.fixed_kv
+        return None if capacity is None else capacity.tokens > 0
+
+    @property
+    def plugin_makes_it_fit(self) -> bool:
+        return bool(self.fits("fixed")) and not self.fits("upstream")
+
+    def reason(self, side: str = "fixed") -> str | None:
+        """Why it does not fit, in a few words; None when it fits or without
+        a GPU size."""
+        capacity = self.upstream_kv if side == "upstream" else self.fixed_kv
+        if capacity is None or capacity.tokens > 0 or self.budget is None:
+            return None
+        stage = f"stage {capacity.binding_stage} " if len(self.stages) > 1 else ""
+        if capacity.available_bytes <= 0:
+            weights = getattr(self.stages[capacity.binding_stage], side)
+            need = weights.total_bytes / GIB + self.budget.reserve_gib
+            return (
+                f"{stage}weights+reserve {need:.1f} > "
+                f"{self.budget.requested_bytes / GIB:.1f} GiB"
+            )
+        longest = capacity.fitting_max_model_len
+        if longest:
+            return f"{stage}KV < 1 request; --max-model-len {longest} fits"
+        return f"{stage}KV < 1 request of --max-model-len"
 
     def to_dict(self) -> dict[str, Any]:
         document = self.moe.to_dict()
@@ -91,6 +154,9 @@ class DeploymentPlan:
             "upstream_components": self.upstream.components,
             "fixed_components": self.fixed.components,
         }
+        if len(self.stages) > 1:
+            document["stages"] = [stage.to_dict() for stage in self.stages]
+        document["not_counted"] = list(self.not_counted)
         document["serving"] = asdict(self.serving)
         document["kv_cache_per_gpu"] = asdict(self.kv_cache)
         if self.budget is not None:
@@ -108,5 +174,14 @@ class DeploymentPlan:
                 "fixed_max_concurrency": self.fixed_kv.concurrency,
                 "upstream_refusal": self.upstream_kv.refusal,
                 "fixed_refusal": self.fixed_kv.refusal,
+                "binding_stage": self.fixed_kv.binding_stage,
             }
+            document["fits"] = {
+                "gpu_memory_gib": self.budget.gpu_memory_gib,
+                "upstream": self.fits("upstream"),
+                "fixed": self.fits("fixed"),
+                "plugin_makes_it_fit": self.plugin_makes_it_fit,
+            }
+            document["reason"] = self.reason()
+        document["serve_command"] = self.serve_command
         return document
