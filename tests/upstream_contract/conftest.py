@@ -1,0 +1,8 @@
+"""The Kimi-K3 fixtures these tests share with ``tests/models/kimi_k3``: vLLM's
+Kimi-K3 NVIDIA model module (imported once, plugin registered) and the
+module tree of its MoE layers only, for loading a checkpoint."""
+
+from tests.models.kimi_k3.conftest import (  # noqa: F401 (fixtures)
+    kimi_model,
+    moe_layers_only_model,
+)
