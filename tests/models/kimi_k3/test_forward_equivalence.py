@@ -25,10 +25,14 @@ from tests.models.kimi_k3.forward_on_cpu import (
     forward_case,
     relative_error,
 )
+from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import upstream_kimi_moe
 
 pytestmark = pytest.mark.forward_equivalence
 
 TP_SIZES = [16, 32]  # where vLLM alone pads: 3072 / 16 = 192 and / 32 = 96 < 256
+# MXFP4 at TP16: 192 rows per rank, and Marlin's multiple of 128 and vLLM
+# alone's minimum are both 256: the plugin allocates what vLLM alone does.
+SAME_LAYOUT_TP = 16
 
 
 @pytest.fixture(scope="module", params=FORMATS)
@@ -65,11 +69,26 @@ def test_nan_poisoned_memory_changes_no_bit(
     case, tp_size, plugin_outputs, moe_layers_only_model, kimi_model
 ):
     # Every uninitialised byte is 0xFF while the ranks are built and loaded:
-    # NaN in every float weight and scale a pad is made of (FP8, E8M0, BF16,
-    # FP32), which would poison the whole output if it reached the kernel.
+    # NaN in every float format that has one (BF16, FP32, FP8 E4M3, E8M0
+    # scales), which poisons the whole output if it reaches the kernel. (An
+    # FP4 nibble 0xF is -6.0 and an int4 one +7; native MXFP4 allocates with
+    # torch.zeros, so nothing of it is uninitialised.)
     poisoned = deployment_output(
         case, moe_layers_only_model, kimi_model.KimiMoE, tp_size, NAN_BYTE
     )
     assert torch.equal(poisoned, plugin_outputs(case, tp_size)), (
         f"{case.fmt} TP{tp_size}"
     )
+
+
+# Where the plugin allocates what vLLM alone allocates and loads the same rows,
+# the arithmetic is the same, and so is every bit of the output.
+@pytest.mark.parametrize("case", ["mxfp4", "ct-mxfp4"], indirect=True)
+def test_same_layout_as_vllm_alone_gives_the_same_bits(
+    case, plugin_outputs, moe_layers_only_model, kimi_model
+):
+    # vLLM alone's torch.empty pads read as zero bytes: its best case
+    vllm_alone = deployment_output(
+        case, moe_layers_only_model, upstream_kimi_moe(kimi_model), SAME_LAYOUT_TP, 0x00
+    )
+    assert torch.equal(vllm_alone, plugin_outputs(case, SAME_LAYOUT_TP))
