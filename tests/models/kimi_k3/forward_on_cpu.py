@@ -80,7 +80,9 @@ def _situ_and_mul_on_cpu(
     computes it (``linear_beta <= 0`` means unset, as for the CUDA kernel)."""
     from vllm.model_executor.layers.activation import SituAndMul
 
-    activation = SituAndMul.__new__(SituAndMul)  # its forward reads only these
+    # Not SituAndMul(beta, linear_beta): a CustomOp's __init__ wants a current
+    # VllmConfig to pick its dispatch; forward_native reads only the betas.
+    activation = SituAndMul.__new__(SituAndMul)
     activation.beta = float(beta)
     activation.linear_beta = None if linear_beta <= 0 else float(linear_beta)
     out.copy_(SituAndMul.forward_native(activation, input))
