@@ -1,9 +1,12 @@
-"""The Kimi-K3 fixtures (``tests/models/kimi_k3/conftest.py``), shared: a
-contract test builds vLLM's layers as the plugin's tests do."""
+"""The Kimi-K3 fixtures these tests share with ``tests/models/kimi_k3``: vLLM's
+Kimi-K3 NVIDIA model module (imported once, plugin registered), the tests'
+builds of its MoE layer, and the module tree of its MoE layers only, for
+loading a checkpoint."""
 
 from tests.models.kimi_k3.conftest import (  # noqa: F401 (fixtures)
     build_kimi_moe,
     format_experts,
     kimi_model,
+    moe_layers_only_model,
     rank_config,
 )

@@ -25,7 +25,11 @@ from tests.models.kimi_k3.builders import (
     kimi_k3_text_config,
     routed_experts,
 )
-from tests.models.kimi_k3.gpu_stand_ins import AttentionStandIn, marlin_without_gpu
+from tests.models.kimi_k3.gpu_stand_ins import (
+    AttentionStandIn,
+    marlin_without_gpu,
+    uninitialised_memory_reads,
+)
 from tests.models.kimi_k3.kimi_k3_formats import format_model_dir, format_vllm_config
 from vllm_kimi_k3_moe.patching import upstream_class
 from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
@@ -110,19 +114,12 @@ def build_kimi_moe(
 
 
 @pytest.fixture
-def uninitialised_memory_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+def uninitialised_memory_is_visible() -> Iterator[None]:
     """A CPU often hands ``torch.empty`` freshly zeroed pages, which would hide
     a missing zero-fill. Here uninitialised CPU memory reads as 0xA5 bytes,
     whatever the dtype."""
-    empty = torch.empty
-
-    def poisoned_empty(*args, **kwargs):
-        tensor = empty(*args, **kwargs)
-        if tensor.device.type == "cpu" and tensor.dim() and tensor.is_contiguous():
-            tensor.view(torch.uint8).fill_(POISON)
-        return tensor
-
-    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    with uninitialised_memory_reads(POISON):
+        yield
 
 
 @pytest.fixture

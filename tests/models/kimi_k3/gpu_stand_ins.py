@@ -8,10 +8,13 @@ code. Each stand-in is undone when its context or the test ends."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from unittest import mock
 
-from torch import nn
+import torch
+from torch import Tensor, nn
+
+from vllm_kimi_k3_moe.patching import replaced_attributes
 
 
 @contextmanager
@@ -37,3 +40,88 @@ class AttentionStandIn(nn.Module):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__()
+
+
+def _situ_and_mul_on_cpu(
+    out: Tensor, input: Tensor, beta: float, linear_beta: float
+) -> None:
+    """``_C::situ_and_mul`` as vLLM's own ``SituAndMul.forward_native``
+    computes it (``linear_beta <= 0`` means unset, as for the CUDA kernel)."""
+    from vllm.model_executor.layers.activation import SituAndMul
+
+    # Not SituAndMul(beta, linear_beta): a CustomOp's __init__ wants a current
+    # VllmConfig to pick its dispatch; forward_native reads only the betas.
+    activation = SituAndMul.__new__(SituAndMul)
+    activation.beta = float(beta)
+    activation.linear_beta = None if linear_beta <= 0 else float(linear_beta)
+    out.copy_(SituAndMul.forward_native(activation, input))
+
+
+@contextmanager
+def situ_and_mul_op_on_cpu() -> Iterator[None]:
+    """vLLM's MoE activation (``apply_moe_activation``) calls
+    ``torch.ops._C.situ_and_mul``, a CUDA kernel from ``vllm._C``, which a
+    CUDA wheel on a CPU box does not load (``No module named 'vllm._C'``).
+    The op is defined for the block with a CPU kernel that is vLLM's own
+    pure-torch SiTU; the definition is removed again on exit."""
+    library = torch.library.Library("_C", "FRAGMENT")
+    try:
+        library.define(
+            "situ_and_mul(Tensor! out, Tensor input, float beta, "
+            "float linear_beta) -> ()"
+        )
+        library.impl("situ_and_mul", _situ_and_mul_on_cpu, "CPU")
+        yield
+    finally:
+        library._destroy()
+
+
+def _not_capturing() -> bool:
+    return torch.compiler.is_compiling()
+
+
+@contextmanager
+def moe_forward_on_cpu() -> Iterator[None]:
+    """What vLLM's batched reference MoE kernel needs from a GPU worker: the
+    SiTU op (``situ_and_mul_op_on_cpu``); ``fused_batched_moe.
+    _is_capturing_or_compiling``, which asks the CUDA driver whether a CUDA
+    graph is being captured (``torch.accelerator.current_stream()`` raises
+    without one): nothing is captured on a CPU, so only the compile half of
+    the question is asked; and the workspace manager a GPU worker creates at
+    start-up (``init_workspace_manager``), where the kernel takes its scratch
+    buffers: vLLM's own ``WorkspaceManager``, on the CPU, a fresh one per
+    block so no buffer outlives a forward. None holds state that changes a
+    result; everything is put back on exit."""
+    from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe
+    from vllm.v1.worker import workspace
+
+    with ExitStack() as stack:
+        stack.enter_context(situ_and_mul_op_on_cpu())
+        stack.enter_context(
+            replaced_attributes(
+                fused_batched_moe, _is_capturing_or_compiling=_not_capturing
+            )
+        )
+        stack.enter_context(
+            replaced_attributes(
+                workspace, _manager=workspace.WorkspaceManager(torch.device("cpu"))
+            )
+        )
+        yield
+
+
+@contextmanager
+def uninitialised_memory_reads(byte: int) -> Iterator[None]:
+    """``torch.empty`` on the CPU returns tensors whose bytes are ``byte``:
+    what a GPU allocation may hold before anything is written (a CPU often
+    hands out zeroed pages instead, which would hide a pad nobody wrote)."""
+    empty = torch.empty
+
+    def filled_empty(*args, **kwargs) -> Tensor:
+        tensor = empty(*args, **kwargs)
+        if tensor.device.type == "cpu" and tensor.dim() and tensor.is_contiguous():
+            tensor.view(torch.uint8).fill_(byte)
+        return tensor
+
+    with replaced_attributes(torch, empty=filled_empty):
+        yield
