@@ -1,8 +1,9 @@
 """Wall time of ``vllm-kimi-k3-moe plan`` in fresh processes, vLLM import included.
 
 Times one configuration (``plan --tp 32``), the default TP8/16/32 table
-(``plan``), and, for reference, the bare import of vLLM's Kimi-K3 model that
-both pay.
+(``plan``), the advisor over every layout of 32 H200s (``plan --gpus 32
+--gpu h200``), and, for reference, the bare import of vLLM's Kimi-K3 model
+that all of them pay.
 
     python -m benchmarks.plan_time [RUNS]    # from the repo root
 """
@@ -23,6 +24,13 @@ COMMANDS = {
     ],
     "vllm-kimi-k3-moe plan --tp 32": ["plan", "--tp", "32"],
     "vllm-kimi-k3-moe plan": ["plan"],
+    "vllm-kimi-k3-moe plan --gpus 32 --gpu h200": [
+        "plan",
+        "--gpus",
+        "32",
+        "--gpu",
+        "h200",
+    ],
 }
 
 

@@ -138,7 +138,6 @@ def test_every_format_gets_its_vllm_method(kimi_model):
 
     from vllm_kimi_k3_moe.formats import FORMATS, format_of_method
     from vllm_kimi_k3_moe.tools.build.vllm_config import (
-        served_quantization_config,
         write_model_dir,
     )
     from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
@@ -151,14 +150,16 @@ def test_every_format_gets_its_vllm_method(kimi_model):
         with tempfile.TemporaryDirectory() as directory:
             model_dir = write_model_dir(
                 KIMI_K3_TEXT_CONFIG,
-                served_quantization_config(fmt),
+                fmt.published_quantization_config(),
                 Serving(),
                 Path(directory),
             )
             model = build_rank(
                 fixed_cls, KIMI_K3_TEXT_CONFIG, deployment, Serving(), model_dir
             ).model
-        method = model.model.layers[1].block_sparse_moe.experts.routed_experts
+        method = model.language_model.model.layers[
+            1
+        ].block_sparse_moe.experts.routed_experts
         assert type(method.quant_method).__name__ in fmt.vllm_methods, fmt.name
         assert format_of_method(method.quant_method) is fmt
 

@@ -15,7 +15,6 @@ from vllm_kimi_k3_moe.tools.build import stand_ins as cpu_stand_ins
 from vllm_kimi_k3_moe.tools.build.allocation import COMPONENTS
 from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
 from vllm_kimi_k3_moe.tools.build.vllm_config import (
-    served_quantization_config,
     write_model_dir,
 )
 from vllm_kimi_k3_moe.tools.build.whole_model import (
@@ -45,7 +44,7 @@ def build_tp32(kimi_moe_cls: type) -> RankBuild:
     with tempfile.TemporaryDirectory() as directory:
         model_dir = write_model_dir(
             KIMI_K3_TEXT_CONFIG,
-            served_quantization_config(mxfp4.RELEASE),
+            mxfp4.RELEASE.published_quantization_config(),
             serving,
             Path(directory),
         )
@@ -60,16 +59,17 @@ def tp32_fixed(kimi_model) -> RankBuild:
 
 
 @pytest.mark.parametrize("upstream", [False, True])
-def test_the_language_model_builds_at_tp32_rank0_on_meta(
+def test_the_model_vllm_serves_builds_at_tp32_rank0_on_meta(
     kimi_model, tp32_fixed, upstream
 ):
     fixed_cls = kimi_model.KimiMoE
     kimi_moe_cls = upstream_class(kimi_model.KimiMoE) if upstream else fixed_cls
     model = build_tp32(kimi_moe_cls).model if upstream else tp32_fixed.model
-    assert type(model) is kimi_model.KimiLinearForCausalLM
+    assert type(model) is kimi_model.KimiK3ForConditionalGeneration
+    assert type(model.language_model) is kimi_model.KimiLinearForCausalLM
     assert kimi_model.KimiMoE is fixed_cls  # the swap was undone
     assert all(p.device.type == "meta" for p in model.parameters())
-    layers = model.model.layers
+    layers = model.language_model.model.layers
     assert len(layers) == LAYERS
     moe = [layer.mlp for layer in layers if layer.is_moe_layer]
     assert len(moe) == MOE_LAYERS
@@ -137,7 +137,7 @@ def _bytes(module: torch.nn.Module) -> int:
 def test_components_add_up_by_module_structure(kimi_model, tp32_fixed):
     """The components, summed here from the model's module tree (not from
     parameter names, as the planner does), and the total."""
-    model = tp32_fixed.model
+    model = tp32_fixed.model.language_model
     layers = model.model.layers
     attention = {"mla_attention": 0, "kda_attention": 0}
     routed = moe_other = dense = 0
@@ -163,28 +163,35 @@ def test_components_add_up_by_module_structure(kimi_model, tp32_fixed):
         "dense_mlp": dense,
         "moe_routed_experts": routed,
         "moe_other": moe_other,
+        "vision_tower": _bytes(tp32_fixed.model.vision_tower)
+        + _bytes(tp32_fixed.model.mm_projector),
     }
     components = tp32_fixed.allocation.components
     assert {k: components[k] for k in expected} == expected
-    assert tp32_fixed.allocation.total_bytes == _bytes(model)
+    assert tp32_fixed.allocation.total_bytes == _bytes(tp32_fixed.model)
     assert set(components) == set(COMPONENTS)
 
 
 def test_every_parameter_belongs_to_a_vllm_module(tp32_fixed):
     """Nothing the CPU stand-ins put in the model holds a parameter: every
-    parameter's owner is a module class of vLLM's."""
+    parameter's owner is a module class of vLLM's (or a torch.nn module
+    vLLM's vision tower builds), none of this package's."""
     owners = {
         type(module).__module__
         for module in tp32_fixed.model.modules()
         if any(True for _ in module.parameters(recurse=False))
     }
-    assert owners and all(name.startswith("vllm.") for name in owners), owners
+    assert owners and all(name.startswith(("vllm.", "torch.nn.")) for name in owners), (
+        owners
+    )
+    assert any(name.startswith("vllm.") for name in owners)
 
 
 def _state(kimi_model) -> dict[str, object]:
     """Everything the whole-model stand-ins replace."""
     from vllm.distributed import parallel_state
     from vllm.models.kimi_k3.nvidia import mla
+    from vllm.platforms import current_platform
 
     return {
         "Stream": torch.cuda.Stream,
@@ -193,6 +200,7 @@ def _state(kimi_model) -> dict[str, object]:
         "get_mla_prefill_backend": mla.get_mla_prefill_backend,
         "KimiMoE": kimi_model.KimiMoE,
         "_PP": parallel_state._PP,
+        "current_device": vars(current_platform).get("current_device"),
     }
 
 

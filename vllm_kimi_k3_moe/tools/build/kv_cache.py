@@ -169,7 +169,12 @@ class KvCachePlanner:
                 self.vllm_config, generate_scheduler_kv_cache_config(configs)
             )
             alone.append(KvCapacity(memory, tokens, concurrency))
-        binding = min(range(len(alone)), key=lambda i: alone[i].tokens)
+        # the stage with the fewest tokens; among stages with none, the one
+        # with the least memory for them
+        binding = min(
+            range(len(alone)),
+            key=lambda i: (alone[i].tokens, alone[i].available_bytes),
+        )
         if alone[binding].tokens == 0 or len(stages) == 1:
             return replace(alone[binding], binding_stage=binding)
         # Every stage fits a request: the pools vLLM sizes together.

@@ -60,16 +60,18 @@ def build_rank(
     deployment: Deployment,
     serving: Serving,
     model_dir: Path,
+    pp_rank: int = 0,
 ) -> RankBuild:
-    """vLLM's ``KimiLinearForCausalLM`` for rank 0 of ``deployment`` on the
-    ``meta`` device, its MoE layers built from ``kimi_moe_cls``, sized."""
+    """vLLM's ``KimiK3ForConditionalGeneration`` for rank 0 of
+    ``deployment`` (of its pipeline stage ``pp_rank``) on the ``meta``
+    device, its MoE layers built from ``kimi_moe_cls``, sized."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.models.kimi_k3.nvidia import model as model_module
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
     with (
-        rank_zero_of(deployment),
+        rank_zero_of(deployment, pp_rank),
         whole_model_on_cpu(),
         kimi_moe_class(model_module, kimi_moe_cls),
     ):
@@ -80,14 +82,16 @@ def build_rank(
             model = model_module.KimiK3ForConditionalGeneration(
                 vllm_config=vllm_config, prefix=""
             )
-    first_moe = main_moe_layers(text_config)[0]
+    language_model = model.language_model.model
+    # the first MoE layer this (pipeline stage's) rank holds
+    first_moe = next(
+        i for i in main_moe_layers(text_config) if i >= language_model.start_layer
+    )
     kda_layer = KimiLinearConfig(**text_config).is_kda_layer
     return RankBuild(
         model=model,
         allocation=ModelAllocation.of(model, kda_layer),
         placed=PlacedAllocation.of(model, text_config["num_hidden_layers"], kda_layer),
-        moe_layer=LayerAllocation.of(
-            model.language_model.model.layers[first_moe].block_sparse_moe
-        ),
+        moe_layer=LayerAllocation.of(language_model.layers[first_moe].block_sparse_moe),
         vllm_config=vllm_config,
     )

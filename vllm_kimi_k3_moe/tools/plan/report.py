@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
 
 from vllm_kimi_k3_moe.compat import VLLM
@@ -200,6 +201,25 @@ def table(plans: Sequence[DeploymentPlan], title: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def _wrapped(command: str, width: int = 100) -> list[str]:
+    """``command`` over lines of at most ``width`` columns, continued with a
+    backslash as a shell reads it, breaking only before an option."""
+    groups: list[str] = []
+    for word in shlex.split(command):
+        if word.startswith("--") or not groups:
+            groups.append(shlex.quote(word))
+        else:
+            groups[-1] += " " + shlex.quote(word)
+    lines = ["    " + groups[0]]
+    for group in groups[1:]:
+        if len(lines[-1]) + 1 + len(group) + 2 > width:
+            lines[-1] += " \\"
+            lines.append("        " + group)
+        else:
+            lines[-1] += " " + group
+    return lines
+
+
 def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) -> str:
     """The advisor's answer: every layout that builds, fitting first, then
     the ``vllm serve`` command of each layout that fits with the plugin."""
@@ -208,7 +228,8 @@ def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) 
     if fitting:
         shown = fitting[:SERVE_COMMANDS_SHOWN]
         lines += ["", "vllm serve (with the plugin installed), best first:"]
-        lines += [f"  {p.deployment.label()}: {p.serve_command}" for p in shown]
+        for p in shown:
+            lines += [f"  {p.deployment.label()}:", *_wrapped(p.serve_command)]
         if len(fitting) > len(shown):
             lines.append(
                 f"  and {len(fitting) - len(shown)} more that fit: --json gives "
@@ -221,7 +242,7 @@ def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) 
         lines += [f"  {line}" for line in refused]
     not_counted = plans[0].not_counted
     if not_counted:
-        lines += ["", "Not counted: " + "; ".join(not_counted) + "."]
+        lines += ["", "Not counted:", *(f"  {item}" for item in not_counted)]
     return "\n".join(lines)
 
 

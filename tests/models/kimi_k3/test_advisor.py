@@ -1,0 +1,231 @@
+"""``plan``'s answer to "on N GPUs of this kind, how do I serve Kimi-K3": every
+layout vLLM builds, pipeline stages and data-parallel replicas sized as real
+builds of them size, the vision tower counted as ``vllm serve`` loads it, and
+a ``vllm serve`` command vLLM's own parser reads back as the layout."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.models.kimi_k3.gpu_stand_ins import a_cuda_platform_for_the_parser
+from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
+from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
+from vllm_kimi_k3_moe.tools.cli import main
+from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.plan.planner import Planner
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, layouts
+
+H200 = GpuBudget(gpu_preset("h200").memory_gib)
+LAYERS = 93
+# MoonViT (27 blocks of 1024, vLLM's KimiK3VisionConfig defaults, which the
+# release's vision_config equals) and its projector to 7168, in bf16: 802.4 MB
+# of tower and 92.3 MB of projector, replicated on every GPU of the first
+# stage (12 heads do not split over TP8 and up).
+VISION_TOWER_BYTES = 447_358_976 * 2
+
+
+@pytest.fixture(scope="module")
+def planner(kimi_model):
+    with Planner(KIMI_K3_TEXT_CONFIG, Serving(), H200) as planner:
+        yield planner
+
+
+def real_build(planner, deployment: Deployment, pp_rank: int = 0):
+    """vLLM's model for rank 0 of ``deployment``'s stage ``pp_rank``, built
+    as it is (pipeline and data parallelism included), not derived."""
+    with tempfile.TemporaryDirectory() as directory:
+        model_dir = write_model_dir(
+            KIMI_K3_TEXT_CONFIG,
+            mxfp4.RELEASE.published_quantization_config(),
+            Serving(),
+            Path(directory),
+        )
+        return build_rank(
+            planner.fixed_cls,
+            KIMI_K3_TEXT_CONFIG,
+            deployment,
+            Serving(),
+            model_dir,
+            pp_rank,
+        )
+
+
+@pytest.mark.parametrize(
+    "deployment",
+    [Deployment(8, pp_size=2), Deployment(4, pp_size=3, dp_size=2)],
+    ids=["TP8 PP2", "TP4 PP3 DP2"],
+)
+def test_each_pipeline_stage_is_what_a_pipeline_build_allocates(planner, deployment):
+    plan = planner.plan(deployment)
+    assert plan.stages[0].layers[0] == 0
+    assert plan.stages[-1].layers[1] == LAYERS
+    for stage in (plan.stages[0], plan.stages[-1]):
+        built = real_build(planner, deployment, stage.index)
+        assert built.allocation.components == stage.fixed.components, stage.index
+    # the vision tower and the embeddings live on the first stage only
+    assert plan.stages[0].fixed.components["vision_tower"] > 0
+    assert plan.stages[-1].fixed.components["vision_tower"] == 0
+    assert plan.stages[-1].fixed.components["embeddings"] == 0
+    assert plan.stages[-1].fixed.components["lm_head"] > 0
+
+
+@pytest.mark.parametrize(
+    "deployment",
+    [Deployment(8, dp_size=2, expert_parallel=True), Deployment(8, dp_size=4)],
+    ids=["TP8 DP2 EP", "TP8 DP4"],
+)
+def test_data_parallel_layouts_are_what_their_own_build_allocates(planner, deployment):
+    """The planner builds the whole model once per TP and the MLPs alone per
+    DP size; a build of the whole deployment agrees byte for byte."""
+    (stage,) = planner.plan(deployment).stages
+    assert real_build(planner, deployment).allocation.components == (
+        stage.fixed.components
+    )
+
+
+def test_the_vision_tower_is_counted_unless_language_model_only(kimi_model):
+    deployment = Deployment(32)
+    with Planner(KIMI_K3_TEXT_CONFIG) as planner:
+        with_vision = planner.plan(deployment)
+    with Planner(KIMI_K3_TEXT_CONFIG, Serving(language_model_only=True)) as planner:
+        without = planner.plan(deployment)
+    assert with_vision.fixed.components["vision_tower"] == VISION_TOWER_BYTES
+    assert without.fixed.components["vision_tower"] == 0
+    assert with_vision.fixed.total_bytes - without.fixed.total_bytes == (
+        VISION_TOWER_BYTES
+    )
+    assert "--language-model-only" in without.serve_command
+    assert "--language-model-only" not in with_vision.serve_command
+
+
+@pytest.fixture(scope="module")
+def advice_16(planner):
+    return planner.advise(16, "mxfp4", "marlin")
+
+
+def test_the_advisor_lists_every_layout_vllm_builds(advice_16):
+    plans, refused = advice_16
+    assert refused == []
+    listed = {replace(p.deployment, backend="", quantization="") for p in plans}
+    expected = layouts(16, KIMI_K3_TEXT_CONFIG, mxfp4.RELEASE)
+    assert {
+        Deployment(
+            t.tp_size,
+            dp_size=t.dp_size,
+            pp_size=t.pp_size,
+            expert_parallel=t.expert_parallel,
+            backend="",
+            quantization="",
+        )
+        for t in expected
+    } == listed
+    assert all(p.deployment.gpus == 16 for p in plans)
+    # vLLM's recipe layouts are among them: TP8 x PP2, TP16 with EP, TP8 x DP2
+    labels = {p.deployment.label() for p in plans}
+    assert {"TP8 PP2", "TP16 EP", "TP8 DP2"} <= labels
+
+
+def test_fitting_layouts_come_first_then_by_kv_tokens(advice_16):
+    plans, _ = advice_16
+    fits = [bool(p.fits("fixed")) for p in plans]
+    assert fits == sorted(fits, reverse=True) and fits[0]
+    tokens = [p.fixed_kv.tokens for p in plans if p.fits("fixed")]
+    assert tokens == sorted(tokens, reverse=True)
+    for p in plans:
+        assert (p.reason() is None) == bool(p.fits("fixed")), p.deployment.label()
+
+
+def serve_arguments(command: str):
+    """``command`` (``vllm serve MODEL ...``) read by vLLM's own parser (the
+    options ``EngineArgs`` takes, which ``vllm serve`` adds to its own)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    words = shlex.split(command)
+    assert words[:2] == ["vllm", "serve"]
+    with a_cuda_platform_for_the_parser():
+        parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    return parser.parse_args(["--model", *words[2:]])
+
+
+@pytest.mark.parametrize(
+    ("deployment", "serving"),
+    [
+        (Deployment(32, expert_parallel=True), Serving()),
+        (Deployment(8, pp_size=2), Serving("fp8", 32768)),
+        (
+            Deployment(4, pp_size=2, dp_size=2, expert_parallel=True),
+            Serving(language_model_only=True),
+        ),
+    ],
+)
+def test_the_serve_command_parses_to_the_layout(kimi_model, deployment, serving):
+    with Planner(KIMI_K3_TEXT_CONFIG, serving, H200, "/models/Kimi-K3") as planner:
+        plan = planner.plan(deployment)
+    args = serve_arguments(plan.serve_command)
+    assert args.model == "/models/Kimi-K3"
+    assert args.tensor_parallel_size == deployment.tp_size
+    assert args.pipeline_parallel_size == deployment.pp_size
+    assert args.data_parallel_size == deployment.dp_size
+    assert args.enable_expert_parallel == deployment.expert_parallel
+    assert args.moe_backend == deployment.backend
+    assert args.kv_cache_dtype == serving.kv_cache_dtype
+    assert args.max_model_len == serving.max_model_len
+    assert args.gpu_memory_utilization == H200.utilization
+    assert args.language_model_only == serving.language_model_only
+
+
+def test_advisor_json_has_one_entry_per_layout(kimi_model, capsys):
+    assert main(["plan", "--gpus", "8", "--gpu", "b200", "--json"]) == 0
+    documents = json.loads(capsys.readouterr().out)
+    assert documents
+    for document in documents:
+        deployment = document["deployment"]
+        assert deployment["gpus"] == 8 and "pp_size" in deployment
+        assert set(document["fits"]) >= {"upstream", "fixed"}
+        assert (document["reason"] is None) == document["fits"]["fixed"]
+        assert document["serve_command"].startswith("vllm serve ")
+        if deployment["pp_size"] > 1:
+            stages = document["stages"]
+            assert len(stages) == deployment["pp_size"]
+            heaviest = max(stage["fixed_bytes"] for stage in stages)
+            assert document["whole_model"]["fixed_bytes"] == heaviest
+
+
+def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
+    """``python -m vllm_kimi_k3_moe``: the table within 120 columns, and on
+    stderr only the command's own progress line (importing vLLM on a machine
+    without a GPU prints lines that are harmless here)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_kimi_k3_moe",
+            "plan",
+            "--gpus",
+            "8",
+            "--gpu",
+            "b300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).parents[3],  # this tree's package
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert max(len(line) for line in result.stdout.splitlines()) <= 120
+    assert "vllm serve" in result.stdout
+    assert result.stderr.splitlines() == [
+        "importing vLLM and building its Kimi-K3 model ..."
+    ]
