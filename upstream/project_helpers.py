@@ -1,0 +1,90 @@
+"""What the in-tree verification borrows from the plugin project: the one
+place that imports it (those modules may move; only this file follows them).
+
+None of these patch vLLM. They pose a CPU process as one rank of a GPU
+deployment (``simulated_rank``), let vLLM pick each MoE kernel as on its GPU
+(``moe_kernels_on_their_gpu``), and describe Kimi-K3's published checkpoint
+formats: each format's vLLM quantization config and its routed-expert
+checkpoint tensors, with seeded non-zero data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tests.models.kimi_k3.format_checkpoints import FORMAT_TENSORS, tensor_data
+from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, nonzero_bytes
+from tests.models.kimi_k3.kimi_k3_formats import (
+    PUBLISHED_FORMATS,
+    UNCOVERED_FORMAT,
+    format_vllm_config,
+)
+from tests.models.kimi_k3.test_never_worse_than_vllm_alone import (
+    PARTITIONS,
+    TOPOLOGIES,
+)
+from vllm_kimi_k3_moe.cpu_stand_ins import moe_kernels_on_their_gpu
+from vllm_kimi_k3_moe.kimi_k3_text_config import kimi_k3_text_config
+from vllm_kimi_k3_moe.simulated_rank import Topology, simulated_rank
+
+__all__ = [
+    "PARTITIONS",
+    "PUBLISHED_FORMATS",
+    "TOPOLOGIES",
+    "UNCOVERED_FORMAT",
+    "Topology",
+    "expert_checkpoint",
+    "format_vllm_config",
+    "kimi_k3_text_config",
+    "moe_kernels_on_their_gpu",
+    "plugin_package",
+    "simulated_rank",
+]
+
+# The plugin's top-level package: a class from it in KimiMoE's MRO means the
+# plugin patched the model.
+plugin_package = "vllm_kimi_k3_moe"
+
+# MXFP4 (native and compressed-tensors): FP4 packed two per byte along the
+# input dimension, one E8M0 scale byte per 32 values.
+_MXFP4_TENSORS = [
+    ("weight_packed", lambda rows, cols: (rows, cols // 2), "U8"),
+    ("weight_scale", lambda rows, cols: (rows, cols // 32), "U8"),
+]
+_TENSORS = {"mxfp4": _MXFP4_TENSORS, "ct-mxfp4": _MXFP4_TENSORS, **FORMAT_TENSORS}
+
+
+def expert_checkpoint(
+    fmt: str, layer: int, num_experts: int, hidden: int, intermediate: int
+) -> dict[str, Any]:
+    """Every routed-expert tensor of MoE layer ``layer`` in format ``fmt``,
+    by checkpoint key (``language_model.layers.{layer}.block_sparse_moe.
+    experts.{e}.{w1|w3|w2}.{suffix}``), seeded per tensor, never zero."""
+    spec = KimiK3Spec(
+        routed_expert_hidden_size=hidden,
+        moe_intermediate_size=intermediate,
+        num_experts=num_experts,
+    )
+    tensors: dict[str, Any] = {}
+    seed = 0
+    for expert in range(num_experts):
+        for projection in ("w1", "w3", "w2"):
+            rows, cols = (
+                (hidden, intermediate) if projection == "w2" else (intermediate, hidden)
+            )
+            for suffix, shape, dtype in _TENSORS[fmt]:
+                name = (
+                    f"language_model.layers.{layer}.block_sparse_moe.experts."
+                    f"{expert}.{projection}.{suffix}"
+                )
+                if dtype == "U8" and fmt in ("mxfp4", "ct-mxfp4"):
+                    tensors[name] = nonzero_bytes(shape(rows, cols), seed)
+                else:
+                    tensors[name] = tensor_data(
+                        spec, name, dtype, shape(rows, cols), seed
+                    )
+                seed += 1
+    assert all(isinstance(t, torch.Tensor) for t in tensors.values())
+    return tensors
