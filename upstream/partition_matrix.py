@@ -27,8 +27,8 @@ class, each parameter's name, shape, dtype and loader attributes, the MoE
 config's partition and block-aligned flag) share one loaded representative;
 the dump says which.
 
-``python -m upstream.partition_matrix OUT.json`` writes the dump;
-``compare(a, b)`` lists the cases where two dumps differ.
+``python -m upstream.partition_matrix OUT.json`` writes the dump
+(``upstream.verify_patch.compare`` lists the cases where two dumps differ).
 """
 
 from __future__ import annotations
@@ -345,30 +345,6 @@ def dump(
     }
 
 
-def compare(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
-    """One line per case where the two dumps differ (empty: the same)."""
-    lines = []
-    a, b = first["cases"], second["cases"]
-    for key in sorted(set(a) | set(b)):
-        x, y = a.get(key), b.get(key)
-        if x is None or y is None:
-            lines.append(f"{key}: only in {'second' if x is None else 'first'}")
-            continue
-        for field in sorted(set(x) | set(y)):
-            if field == "loaded_as" or x.get(field) == y.get(field):
-                continue
-            if field == "ranks":
-                differing = [
-                    r
-                    for r, (u, v) in enumerate(zip(x[field], y[field], strict=True))
-                    if u != v
-                ]
-                lines.append(f"{key}: loaded bytes differ on ranks {differing}")
-            else:
-                lines.append(f"{key}: {field} {x.get(field)!r} != {y.get(field)!r}")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m upstream.partition_matrix", description=__doc__.split("\n")[0]
@@ -385,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = dump(args.formats, args.backends, args.progress)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
+    built = sum("error" not in case for case in result["cases"].values())
+    print(
+        f"{args.out}: {len(result['cases'])} cases, {built} built, "
+        f"{result['rank_loads']} rank loads, on {result['form']} ({result['vllm']})"
+    )
     return 0
 
 

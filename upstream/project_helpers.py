@@ -5,7 +5,10 @@ None of these patch vLLM. They pose a CPU process as one rank of a GPU
 deployment (``simulated_rank``), let vLLM pick each MoE kernel as on its GPU
 (``moe_kernels_on_their_gpu``), and describe Kimi-K3's published checkpoint
 formats: each format's vLLM quantization config and its routed-expert
-checkpoint tensors, with seeded non-zero data.
+checkpoint tensors, with seeded non-zero data. The regression suite's
+tables of expected behaviour (partitions per format and topology, FP8 block
+and NVFP4 row placement) and its traced-checkpoint helpers come from here
+too, so the in-tree form is held to the same numbers as the plugin.
 """
 
 from __future__ import annotations
@@ -21,23 +24,41 @@ from tests.models.kimi_k3.kimi_k3_formats import (
     UNCOVERED_FORMAT,
     format_vllm_config,
 )
+from tests.models.kimi_k3.test_fp8_block_and_nvfp4_loading import (
+    CASES as PLACEMENTS,
+)
+from tests.models.kimi_k3.test_fp8_block_and_nvfp4_loading import (
+    expected_placement,
+)
 from tests.models.kimi_k3.test_never_worse_than_vllm_alone import (
+    ALIGNED_TOPOLOGIES,
     PARTITIONS,
     TOPOLOGIES,
+)
+from tests.models.kimi_k3.traced_checkpoint import (
+    checkpoint_indices,
+    digit_planes,
+    load_and_decode,
 )
 from vllm_kimi_k3_moe.cpu_stand_ins import moe_kernels_on_their_gpu
 from vllm_kimi_k3_moe.kimi_k3_text_config import kimi_k3_text_config
 from vllm_kimi_k3_moe.simulated_rank import Topology, simulated_rank
 
 __all__ = [
+    "ALIGNED_TOPOLOGIES",
     "PARTITIONS",
+    "PLACEMENTS",
     "PUBLISHED_FORMATS",
     "TOPOLOGIES",
     "UNCOVERED_FORMAT",
     "Topology",
+    "checkpoint_indices",
+    "digit_planes",
+    "expected_placement",
     "expert_checkpoint",
     "format_vllm_config",
     "kimi_k3_text_config",
+    "load_and_decode",
     "moe_kernels_on_their_gpu",
     "plugin_package",
     "simulated_rank",
