@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 PATCH = REPO / "upstream" / "vllm-0.33.0.patch"
 BEHAVIOUR_TESTS = "tests/upstream_patch/in_tree_behaviour.py"
 MATRIX_OUT = "KIMI_K3_MATRIX_OUT"  # where the behaviour tests write their dump
+MADE_FOR = "0.33.0"  # the vLLM the patch was made against
 PLUGIN = "kimi_k3_moe"  # the plugin's vllm.general_plugins entry point
 STEP_TIMEOUT = 900  # seconds
 
@@ -246,6 +247,8 @@ def verify(
             report["error"] = str(error)
             return 2
         report.update(vllm=copy.version, source=str(copy.source), touched=copy.touched)
+        if copy.version != MADE_FOR:
+            print(f"note: vLLM {copy.version}; the patch applies, made for {MADE_FOR}")
         before = file_hashes(copy.source, copy.touched)
         steps = lint_steps(copy, work) + test_steps(copy, work)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
