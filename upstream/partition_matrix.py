@@ -16,10 +16,10 @@ TP32, TP16 x DP2 and TP32 with expert parallelism), the dump holds:
   vLLM raised, the quantization method and kernel, whether TP loading is
   block-aligned, and a digest of every parameter's name, shape and dtype;
 - every rank's layer at a small size on CPU (latent width 256, the real
-  3072 intermediate, a few experts), after vLLM's Kimi-K3 ``load_weights``
-  fed it a checkpoint in the case's format: a digest of every parameter's
-  bytes, pads included. Memory ``torch.empty`` hands out reads as 0xA5
-  bytes, so a pad nobody zeroed shows.
+  3072 intermediate, a few experts, no shared experts), after vLLM's
+  Kimi-K3 ``load_weights`` fed it a checkpoint in the case's format: a
+  digest of every parameter's bytes, pads included. Memory ``torch.empty``
+  hands out reads as 0xA5 bytes, so a pad nobody zeroed shows.
 
 Loading every rank of every backend separately would take minutes. Backends
 whose small rank-0 layer is the same in everything the loader reads (method

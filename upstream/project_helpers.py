@@ -38,7 +38,9 @@ from tests.models.kimi_k3.test_never_worse_than_vllm_alone import (
 from tests.models.kimi_k3.traced_checkpoint import (
     checkpoint_indices,
     digit_planes,
+    fp8_block_tensors,
     load_and_decode,
+    nvfp4_tensors,
 )
 from vllm_kimi_k3_moe.cpu_stand_ins import moe_kernels_on_their_gpu
 from vllm_kimi_k3_moe.kimi_k3_text_config import kimi_k3_text_config
@@ -57,9 +59,11 @@ __all__ = [
     "expected_placement",
     "expert_checkpoint",
     "format_vllm_config",
+    "fp8_block_tensors",
     "kimi_k3_text_config",
     "load_and_decode",
     "moe_kernels_on_their_gpu",
+    "nvfp4_tensors",
     "plugin_package",
     "simulated_rank",
 ]

@@ -29,8 +29,8 @@ LOGICAL = 3072  # Kimi-K3's moe_intermediate_size
 HIDDEN = matrix.SMALL_HIDDEN  # latent width of the small CPU layers
 EXPERTS = matrix.SMALL_EXPERTS
 TENSORS = {  # traced checkpoint tensors per format, as the suite traces them
-    "ct-fp8-block": "fp8_block_tensors",
-    "ct-nvfp4": "nvfp4_tensors",
+    "ct-fp8-block": helpers.fp8_block_tensors,
+    "ct-nvfp4": helpers.nvfp4_tensors,
 }
 
 
@@ -128,9 +128,7 @@ def test_every_pad_is_zero_before_loading(model, fmt, backend, tp_size):
 
 
 def _traced(fmt: str):
-    from tests.models.kimi_k3 import traced_checkpoint
-
-    tensors = getattr(traced_checkpoint, TENSORS[fmt])(HIDDEN, LOGICAL)
+    tensors = TENSORS[fmt](HIDDEN, LOGICAL)
     indices = helpers.checkpoint_indices(EXPERTS, tensors)
     return indices, helpers.digit_planes(indices)
 
