@@ -1,0 +1,160 @@
+"""The in-tree patch (upstream/vllm-0.33.0.patch) applies to the installed vLLM
+0.33.0 on a copy, passes its own tests and this project's behaviour tests with
+the plugin off, and matches the plugin on released vLLM case by case; against
+another vLLM it applies nothing and names the file that differs."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from upstream import patched_vllm
+from upstream.verify_patch import PATCH, REPO, compare
+
+FORMATS = 7  # mxfp4, ct-mxfp4, ct-fp8-block, ct-nvfp4, modelopt-nvfp4, ct-w4a16, bf16
+BACKENDS = 23  # every --moe-backend of vLLM 0.33.0 but auto
+TOPOLOGIES = 9  # TP1, 4, 8, 12, 16, 24, 32, TP16 x DP2, TP32 EP
+KIMI_K3_MODEL = "vllm/models/kimi_k3/nvidia/model.py"
+
+
+def installed_record() -> dict[str, str]:
+    """The installed vLLM wheel's RECORD: path -> sha256 (urlsafe base64)."""
+    parent = patched_vllm.installed_vllm_parent()
+    (dist_info,) = parent.glob("vllm-*.dist-info")
+    with (dist_info / "RECORD").open() as record:
+        return {row[0]: row[1] for row in csv.reader(record) if row[1]}
+
+
+def wheel_hash(path: Path) -> str:
+    digest = hashlib.sha256(path.read_bytes()).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def test_the_copy_links_the_installed_vllm_and_writes_only_its_own_files(tmp_path):
+    copy = patched_vllm.patched_copy(PATCH, tmp_path / "tree")
+    record = installed_record()
+    assert copy.version == "0.33.0"
+    assert KIMI_K3_MODEL in copy.touched
+    for path in copy.touched:
+        target = copy.root / path
+        assert target.is_file()
+        assert not target.is_symlink()
+        assert copy.root in target.resolve().parents
+        if path.startswith("vllm/"):
+            assert wheel_hash(target) != record[path], f"{path} was not patched"
+            # the installed file is still the wheel's
+            assert wheel_hash(copy.source / path) == record[path], path
+    linked = copy.root / "vllm" / "config"
+    assert linked.is_symlink()
+    assert linked.resolve() == (copy.source / "vllm" / "config").resolve()
+
+
+def fake_vllm(tmp_path: Path, version: str, edit: str | None) -> Path:
+    """A directory holding a ``vllm`` package of the files the patch touches,
+    copied from the installed one; ``edit`` one of them as another release
+    would have it."""
+    source = patched_vllm.installed_vllm_parent()
+    parent = tmp_path / "other-vllm"
+    for path in patched_vllm.patch_paths(PATCH, tmp_path):
+        if not path.startswith("vllm/"):
+            continue
+        target = parent / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((source / path).read_bytes())
+    (parent / "vllm" / "_version.py").write_text(
+        f"__version__ = version = '{version}'\n"
+    )
+    if edit is not None:
+        model = parent / edit
+        model.write_text(
+            model.read_text().replace(
+                "intermediate_size=self.padded_moe_intermediate_size,",
+                "intermediate_size=self.moe_intermediate_size_for_factory,",
+            )
+        )
+    return parent
+
+
+def test_on_another_vllm_nothing_is_applied(tmp_path):
+    other = fake_vllm(tmp_path, "0.34.0", edit=KIMI_K3_MODEL)
+    root = tmp_path / "tree"
+    with pytest.raises(patched_vllm.PatchDoesNotApply) as refused:
+        patched_vllm.patched_copy(PATCH, root, other)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"{KIMI_K3_MODEL} differs from vLLM 0.33.0's" in message
+    assert "vLLM 0.34.0" in message
+    # git apply --check failed first: every copied file is still the source's
+    for path in patched_vllm.patch_paths(PATCH, tmp_path):
+        if path.startswith("vllm/"):
+            assert (root / path).read_bytes() == (other / path).read_bytes()
+        else:
+            assert not (root / path).exists()
+
+
+def test_the_command_says_which_file_differs_in_one_line(tmp_path):
+    other = fake_vllm(tmp_path, "0.34.0", edit=KIMI_K3_MODEL)
+    result = subprocess.run(
+        [sys.executable, "-m", "upstream.verify_patch", "--vllm", str(other)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("vllm-0.33.0.patch does not apply to vLLM 0.34.0")
+    assert KIMI_K3_MODEL in line
+
+
+def test_compare_names_each_case_that_differs():
+    first = {
+        "cases": {
+            "a": {"partition": 128, "ranks": ["x", "y"], "loaded_as": "marlin"},
+            "b": {"error": "ValueError: no"},
+        }
+    }
+    second = {
+        "cases": {
+            "a": {"partition": 128, "ranks": ["x", "z"], "loaded_as": "triton"},
+            "b": {"partition": 96, "ranks": ["x"]},
+        }
+    }
+    assert compare(first, first) == []
+    assert compare(first, second) == [
+        "a: loaded bytes differ on ranks [1]",
+        "b: error 'ValueError: no' != None",
+        "b: partition None != 96",
+        "b: ranks None != ['x']",
+    ]
+
+
+def test_the_patch_is_verified_with_the_plugin_off():
+    """The whole command: lint, the patch's tests and the behaviour tests on
+    the patched copy with VLLM_PLUGINS="", and the matrix compared with the
+    plugin on released vLLM (about 1-2 minutes on 2 cores)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "upstream.verify_patch", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    report = json.loads(result.stdout[result.stdout.index("\n{") :])
+    failed = {name: step for name, step in report["steps"].items() if not step["ok"]}
+    assert result.returncode == 0, (failed, report.get("matrix"), result.stdout)
+    assert report["vllm"] == "0.33.0"
+    matrix = report["matrix"]
+    assert matrix["cases"] == FORMATS * BACKENDS * TOPOLOGIES
+    assert matrix["built"] > 400
+    assert matrix["differences"] == []
+    assert matrix["rank_loads"]["plugin"] == matrix["rank_loads"]["patched"] > 1000
+    assert not Path(report["work"]).exists()  # the copy is gone
