@@ -13,6 +13,9 @@ too, so the in-tree form is held to the same numbers as the plugin.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +25,9 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, nonzero_bytes
 from tests.models.kimi_k3.kimi_k3_formats import (
     PUBLISHED_FORMATS,
     UNCOVERED_FORMAT,
-    format_vllm_config,
+)
+from tests.models.kimi_k3.kimi_k3_formats import (
+    format_vllm_config as _format_vllm_config,
 )
 from tests.models.kimi_k3.test_fp8_block_and_nvfp4_loading import (
     CASES as PLACEMENTS,
@@ -42,9 +47,10 @@ from tests.models.kimi_k3.traced_checkpoint import (
     load_and_decode,
     nvfp4_tensors,
 )
-from vllm_kimi_k3_moe.cpu_stand_ins import moe_kernels_on_their_gpu
-from vllm_kimi_k3_moe.kimi_k3_text_config import kimi_k3_text_config
-from vllm_kimi_k3_moe.simulated_rank import Topology, simulated_rank
+from vllm_kimi_k3_moe.tools.build import rank as _rank
+from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
+from vllm_kimi_k3_moe.tools.topology import Topology as _Topology
 
 __all__ = [
     "ALIGNED_TOPOLOGIES",
@@ -67,6 +73,51 @@ __all__ = [
     "plugin_package",
     "simulated_rank",
 ]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One rank of a TP (x DP) topology, with or without expert parallelism,
+    as the verification names it; ``rank`` is the plugin's form of it."""
+
+    tp_size: int
+    tp_rank: int = 0
+    dp_size: int = 1
+    dp_rank: int = 0
+    expert_parallel: bool = False
+
+    @property
+    def rank(self) -> _rank.Rank:
+        topology = _Topology(
+            self.tp_size, dp_size=self.dp_size, expert_parallel=self.expert_parallel
+        )
+        return _rank.Rank(topology, tp_rank=self.tp_rank, dp_rank=self.dp_rank)
+
+
+def _rank_of(topology: Any) -> Any:
+    """A ``Topology`` here, or the suite's (its rank 0), as the plugin's."""
+    return topology.rank if isinstance(topology, Topology) else topology
+
+
+@contextlib.contextmanager
+def simulated_rank(topology: Any) -> Iterator[None]:
+    """Pose this process as ``topology``'s rank (the plugin's stand-in)."""
+    with _rank.simulated_rank(_rank_of(topology)):
+        yield
+
+
+def format_vllm_config(topology: Any, fmt: str, moe_backend: str) -> Any:
+    """The suite's ``VllmConfig`` for one rank of ``topology`` in ``fmt``."""
+    return _format_vllm_config(_rank_of(topology), fmt, moe_backend)
+
+
+def kimi_k3_text_config(**overrides: Any) -> Any:
+    """Kimi-K3's MoE text config as vLLM's ``KimiLinearConfig``, with
+    ``overrides``."""
+    from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
+
+    return KimiLinearConfig(**{**KIMI_K3_MOE_FIELDS, **overrides})
+
 
 # The plugin's top-level package: a class from it in KimiMoE's MRO means the
 # plugin patched the model.

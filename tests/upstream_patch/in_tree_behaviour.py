@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.models.kimi_k3 import forward_on_cpu as forward
+from tests.models.kimi_k3.builders import moe_layers_only_builder
 from upstream import partition_matrix as matrix
 from upstream import project_helpers as helpers
 
@@ -29,8 +31,8 @@ LOGICAL = 3072  # Kimi-K3's moe_intermediate_size
 HIDDEN = matrix.SMALL_HIDDEN  # latent width of the small CPU layers
 EXPERTS = matrix.SMALL_EXPERTS
 TENSORS = {  # traced checkpoint tensors per format, as the suite traces them
-    "ct-fp8-block": helpers.fp8_block_tensors,
-    "ct-nvfp4": helpers.nvfp4_tensors,
+    "fp8-block": helpers.fp8_block_tensors,
+    "nvfp4": helpers.nvfp4_tensors,
 }
 
 
@@ -120,7 +122,7 @@ def test_every_pad_is_zero_before_loading(model, fmt, backend, tp_size):
     for name, param in layer.named_parameters():
         if not name.startswith(("w13_", "w2_")) or param.dim() != 3:
             continue
-        unit = 1.0 if fmt == "ct-fp8-block" and "scale" in name else 0.0
+        unit = 1.0 if fmt == "fp8-block" and "scale" in name else 0.0
         for pad in pads(name, param.data, logical, partition):
             assert torch.all(pad.float() == unit), f"{fmt} {backend}: {name}"
             checked += pad.numel()
@@ -157,3 +159,16 @@ def test_tp32_rank_holds_exactly_its_rows(
     expected = helpers.expected_placement(decoded, indices, partition, held[rank_index])
     for name in decoded:
         assert torch.equal(decoded[name], expected[name]), name
+
+
+# The output-level proof (tests/models/kimi_k3/test_forward_equivalence.py),
+# with vLLM's own KimiMoE, patched in tree: every rank's routed experts,
+# through vLLM's own MoE forward, sum to the unsharded experts.
+@pytest.mark.parametrize("fmt", forward.FORMATS)
+def test_ranks_sum_to_the_unsharded_experts(model, tmp_path, fmt):
+    case = forward.forward_case(tmp_path, fmt)
+    build = moe_layers_only_builder(model)
+    for tp_size in (16, 32):
+        output = forward.deployment_output(case, build, model.KimiMoE, tp_size)
+        error = forward.relative_error(output, case.expected)
+        assert math.isfinite(error) and error < forward.TOLERANCE, (fmt, tp_size)

@@ -18,7 +18,7 @@ import pytest
 from upstream import patched_vllm
 from upstream.verify_patch import PATCH, REPO, compare
 
-FORMATS = 7  # mxfp4, ct-mxfp4, ct-fp8-block, ct-nvfp4, modelopt-nvfp4, ct-w4a16, bf16
+FORMATS = 7  # mxfp4, ct-mxfp4, fp8-block, nvfp4, modelopt-nvfp4, w4a16, bf16
 BACKENDS = 23  # every --moe-backend of vLLM 0.33.0 but auto
 TOPOLOGIES = 9  # TP1, 4, 8, 12, 16, 24, 32, TP16 x DP2, TP32 EP
 KIMI_K3_MODEL = "vllm/models/kimi_k3/nvidia/model.py"

@@ -55,6 +55,42 @@ def build_kimi_moe_layer(
         )
 
 
+def moe_layers_only_builder(kimi_model: Any) -> Any:
+    """``build(vllm_config, kimi_moe_cls)``: Kimi-K3's module tree with only
+    its MoE layers (``kimi_model``: vLLM's Kimi-K3 NVIDIA model module), for
+    loading a checkpoint; see the ``moe_layers_only_model`` fixture."""
+
+    class MoeLayersOnlyTextModel(kimi_model.KimiLinearModel):
+        def __init__(self, config: Any, layers: nn.ModuleList) -> None:
+            nn.Module.__init__(self)  # none of KimiLinearModel's own layers
+            self.config = config
+            self.layers = layers
+
+    def build(vllm_config: Any, kimi_moe_cls: type) -> nn.Module:
+        config = vllm_config.model_config.hf_text_config
+        layers = nn.ModuleList()
+        for index in range(config.num_hidden_layers):
+            layer = nn.Module()
+            if (
+                index >= config.first_k_dense_replace
+                and index % config.moe_layer_freq == 0
+            ):
+                layer.block_sparse_moe = build_kimi_moe_layer(
+                    kimi_moe_cls,
+                    config,
+                    vllm_config,
+                    device="cpu",
+                    prefix=f"language_model.model.layers.{index}.block_sparse_moe",
+                )
+            layers.append(layer)
+        model = nn.Module()
+        model.language_model = nn.Module()
+        model.language_model.model = MoeLayersOnlyTextModel(config, layers)
+        return model
+
+    return build
+
+
 def routed_experts(moe: nn.Module) -> nn.Module:
     """The ``RoutedExperts`` that owns the expert parameters of a ``KimiMoE``."""
     return moe.experts.routed_experts

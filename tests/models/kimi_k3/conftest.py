@@ -23,6 +23,7 @@ from tests.models.kimi_k3.builders import (
     POISON,
     build_kimi_moe_layer,
     kimi_k3_text_config,
+    moe_layers_only_builder,
     routed_experts,
 )
 from tests.models.kimi_k3.gpu_stand_ins import (
@@ -174,32 +175,4 @@ def moe_layers_only_model(kimi_model: ModuleType) -> Callable[..., nn.Module]:
     its Kimi-K3 expert name mapping, reached through vLLM's
     ``AutoWeightsLoader`` with ``KimiK3ForConditionalGeneration``'s mapper."""
 
-    class MoeLayersOnlyTextModel(kimi_model.KimiLinearModel):
-        def __init__(self, config, layers: nn.ModuleList) -> None:
-            nn.Module.__init__(self)  # none of KimiLinearModel's own layers
-            self.config = config
-            self.layers = layers
-
-    def build(vllm_config, kimi_moe_cls: type) -> nn.Module:
-        config = vllm_config.model_config.hf_text_config
-        layers = nn.ModuleList()
-        for index in range(config.num_hidden_layers):
-            layer = nn.Module()
-            if (
-                index >= config.first_k_dense_replace
-                and index % config.moe_layer_freq == 0
-            ):
-                layer.block_sparse_moe = build_kimi_moe_layer(
-                    kimi_moe_cls,
-                    config,
-                    vllm_config,
-                    device="cpu",
-                    prefix=f"language_model.model.layers.{index}.block_sparse_moe",
-                )
-            layers.append(layer)
-        model = nn.Module()
-        model.language_model = nn.Module()
-        model.language_model.model = MoeLayersOnlyTextModel(config, layers)
-        return model
-
-    return build
+    return moe_layers_only_builder(kimi_model)
