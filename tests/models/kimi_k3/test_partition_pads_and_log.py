@@ -99,6 +99,13 @@ def plugin_log(caplog, monkeypatch):
 @pytest.mark.parametrize(
     ("fmt", "backend", "expected"),
     [
+        (  # the README's example
+            "mxfp4",
+            "marlin",
+            "Kimi-K3 routed experts on Mxfp4MoEMethod (marlin): 128 intermediate "
+            "rows per GPU (logical 96, vLLM alone 256); smallest partition "
+            "accepted (the method's own maybe_roundup_sizes)",
+        ),
         (
             "fp8-block",
             "triton",

@@ -352,14 +352,14 @@ def test_help_lists_the_backends():
         assert word in help_text
 
 
-def test_readme_shows_the_tp32_fit_table(kimi_k3_deployment_plans):
+def test_readme_shows_the_default_table_on_h20s(kimi_k3_deployment_plans):
     from pathlib import Path
 
     from vllm_kimi_k3_moe.tools.plan.report import table
 
     readme = (Path(__file__).parents[3] / "README.md").read_text()
     plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
-    assert table(plans) in readme  # plan --gpu-memory-gib 96
+    assert table(plans) in readme  # plan --gpu h20
 
 
 def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
@@ -398,3 +398,12 @@ def test_planning_leaves_vllms_kernel_checks_as_they_were(kimi_model):
             pass
     assert dict(vars(CutlassExpertsMxfp4)) == before[0]
     assert dict(vars(mxfp4)) == before[1]
+
+
+def test_default_sizes_that_do_not_build_are_left_out_and_said(kimi_model, capsys):
+    """``--dp 2`` with the default TP8/16/32: TP32 x DP2 splits each expert
+    over 64 GPUs, half an MXFP4 scale block each; the other two are sized."""
+    assert main(["plan", "--dp", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert [d["deployment"]["tp_size"] for d in json.loads(out)] == [8, 16]
+    assert "plan: left out TP32 DP2: moe_intermediate_size 3072" in err

@@ -74,7 +74,8 @@ def add_command(commands: Subcommands) -> None:
         "cache, and the vllm serve command for each",
         description=(
             "Answer before any GPU is involved whether Kimi-K3 fits, and how: "
-            f"build {VLLM}'s Kimi-K3 language model for rank 0 of each layout "
+            f"build {VLLM}'s Kimi-K3 model (vision tower and language model) "
+            "for rank 0 of each layout "
             "on the meta device (no GPU, no weights), as vLLM alone builds it "
             "and with this plugin, and report what the heaviest GPU holds; "
             "with a GPU size, also whether vLLM starts and how much KV cache "
@@ -304,11 +305,35 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                 )
                 for tp in args.tp_sizes or DEFAULT_TP_SIZES
             ]
-            for deployment in deployments:
-                validate(text_config, deployment)
+            deployments = _buildable(text_config, deployments, args.tp_sizes is None)
     except (ConfigFileError, DeploymentError, BudgetError, GpuError) as error:
         fail("plan", str(error))
     return PlanInput(text_config, deployments, serving, budget, gpu_title)
+
+
+def _buildable(
+    text_config: dict[str, Any], deployments: list[Deployment], defaults: bool
+) -> list[Deployment]:
+    """The deployments vLLM builds. Sizes the operator named must all build
+    (the first that does not is the error); of the default TP sizes, those
+    that do not are left out, each said in one line on stderr."""
+    kept = []
+    for deployment in deployments:
+        try:
+            validate(text_config, deployment)
+        except DeploymentError as error:
+            if not defaults:
+                raise
+            print(f"plan: left out {deployment.label()}: {error}", file=sys.stderr)
+            continue
+        kept.append(deployment)
+    if not kept:
+        raise DeploymentError(
+            "none of the default TP sizes "
+            f"{', '.join(map(str, DEFAULT_TP_SIZES))} builds with these options; "
+            "name one with --tp, or ask for every layout with --gpus"
+        )
+    return kept
 
 
 def run(args: argparse.Namespace) -> int:

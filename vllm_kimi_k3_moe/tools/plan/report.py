@@ -99,9 +99,9 @@ def wide_table(plans: Sequence[DeploymentPlan]) -> str:
         "experts: routed experts per GPU. I per rank: routed-expert intermediate",
         f"size per GPU: the logical slice, what {VLLM} allocates (upstream)",
         "and what it allocates with this plugin (fixed). floor: the routed experts",
-        "at exactly the logical size. whole model: every parameter of vLLM's",
-        "Kimi-K3 language model on one GPU (embeddings, lm_head, MLA and KDA",
-        "attention, dense layer, MoE layers, norms).",
+        "at exactly the logical size. whole model: every parameter of the",
+        "Kimi-K3 model vLLM serves on the heaviest GPU (embeddings, lm_head, MLA",
+        "and KDA attention, dense layer, MoE layers, norms, the vision tower).",
     ]
     if budget is not None:
         kv = first.kv_cache
@@ -183,20 +183,21 @@ def table(plans: Sequence[DeploymentPlan], title: str | None = None) -> str:
         "",
         *_render(groups, rows, left_last=budget is not None),
         "",
-        "weights: every parameter of vLLM's Kimi-K3 language model on the heaviest",
-        f"GPU (pipeline stage), as {VLLM} alone allocates it and with this plugin.",
+        "weights: every parameter of the Kimi-K3 model vLLM serves (the vision",
+        "tower too, unless --language-model-only) on the heaviest GPU (pipeline",
+        f"stage), as {VLLM} alone allocates it and with this plugin.",
     ]
     if budget is not None:
         kv = first.kv_cache
         lines += [
             f"fits: vLLM takes {budget.utilization:g} of each GPU "
-            "(--gpu-memory-utilization), less the",
-            f"weights and a {budget.reserve_gib:g} GiB reserve (--reserve-gib, an "
-            "estimate); the rest is KV cache,",
-            "sized by vLLM's own planner; it fits when that holds one request of",
-            f"--max-model-len {serving.max_model_len}. KV cache "
-            f"({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B per token "
-            f"on every GPU, plus KDA state per sequence.",
+            "(--gpu-memory-utilization), less the weights",
+            f"and a {budget.reserve_gib:g} GiB reserve (--reserve-gib, an "
+            "estimate); the rest is KV cache, sized by",
+            "vLLM's own planner; it fits when that holds one request of "
+            f"--max-model-len {serving.max_model_len}.",
+            f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
+            "per token on every GPU, plus KDA state per sequence.",
         ]
     return "\n".join(lines)
 
