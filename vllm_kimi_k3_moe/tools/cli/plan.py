@@ -316,23 +316,22 @@ def _buildable(
 ) -> list[Deployment]:
     """The deployments vLLM builds. Sizes the operator named must all build
     (the first that does not is the error); of the default TP sizes, those
-    that do not are left out, each said in one line on stderr."""
-    kept = []
+    that do not are left out, each said in one line on stderr, unless none
+    builds (then the first one's reason is the error)."""
+    kept, left_out = [], []
     for deployment in deployments:
         try:
             validate(text_config, deployment)
         except DeploymentError as error:
             if not defaults:
                 raise
-            print(f"plan: left out {deployment.label()}: {error}", file=sys.stderr)
+            left_out.append((deployment, error))
             continue
         kept.append(deployment)
     if not kept:
-        raise DeploymentError(
-            "none of the default TP sizes "
-            f"{', '.join(map(str, DEFAULT_TP_SIZES))} builds with these options; "
-            "name one with --tp, or ask for every layout with --gpus"
-        )
+        raise left_out[0][1]
+    for deployment, error in left_out:
+        print(f"plan: left out {deployment.label()}: {error}", file=sys.stderr)
     return kept
 
 
