@@ -13,6 +13,7 @@ hold none).
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 from vllm_kimi_k3_moe.formats.compressed_tensors import (
@@ -33,6 +34,8 @@ from vllm_kimi_k3_moe.formats.record import (
     KimiK3Format,
     PartitionRule,
     QuantizationScheme,
+    RowRange,
+    even_rows,
 )
 
 BLOCK = (128, 128)  # (output rows, input columns) per scale
@@ -81,6 +84,27 @@ def tensors(block_out: int, block_in: int) -> ExpertTensors:
     )
 
 
+def block_aligned_rows(
+    intermediate: int, ranks: int, block: tuple[int, int] = BLOCK
+) -> list[RowRange]:
+    """The intermediate rows [start, end) each of ``ranks`` TP ranks loads
+    with the plugin. Where the even slice splits a square block,
+    ``pad_tp_shard_to_weight_blocks`` rounds the partition n up to whole
+    blocks and vLLM's loader (``_load_model_weight_or_group_weight_scale``,
+    ``tp_shard_with_padding``) gives rank r rows [r*n, (r+1)*n) clipped to
+    the checkpoint: the first ranks hold whole blocks, the last ones none
+    (TP32: ranks 0-23 128 rows each, 24-31 none). Otherwise the even slice."""
+    block_n, block_k = block
+    share = intermediate // ranks
+    if block_n != block_k or ranks == 1 or share % block_n == 0:
+        return even_rows(intermediate, ranks)
+    n = -(-share // block_n) * block_n
+    return [
+        (min(rank * n, intermediate), min((rank + 1) * n, intermediate))
+        for rank in range(ranks)
+    ]
+
+
 def _recognises(scheme: QuantizationScheme) -> CheckpointFormat | None:
     weights = scheme.expert_weights
     if scheme.quant_method != "compressed-tensors" or weight_signature(weights)[:3] != (
@@ -94,6 +118,7 @@ def _recognises(scheme: QuantizationScheme) -> CheckpointFormat | None:
         FP8_BLOCK,
         f"compressed-tensors FP8 block [{block_out}, {block_in}]",
         tensors(block_out, block_in),
+        functools.partial(block_aligned_rows, block=(block_out, block_in)),
     )
 
 

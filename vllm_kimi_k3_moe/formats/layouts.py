@@ -1,8 +1,10 @@
 """How one routed expert projection is stored in a checkpoint: value types.
 
 Plain Python (no torch, no vLLM), so the checkpoint preflight can use it
-without paying for either import; the strict expert loader checks the same
-records on the tensors it receives.
+without paying for either import. ``ExpertTensors.contracts`` is the one
+tensor contract: ``check`` holds each shard header's entry to it and the
+strict expert loader each tensor it receives, so that what one refuses the
+other refuses too.
 
 Vocabulary: a *projection* is w1 (gate), w3 (up) or w2 (down); a *suffix* is
 what follows it in a checkpoint key (``weight``, ``weight_packed``,
@@ -15,6 +17,7 @@ per group, and FP8 blocks reduce the output dimension too.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 PROJECTIONS = ("w1", "w3", "w2")  # gate, up, down
@@ -37,6 +40,15 @@ TORCH_DTYPE_NAMES = {
     "F32": "float32",
     "F64": "float64",
 }
+# torch dtype name -> safetensors dtype: what a loaded tensor was stored as
+SAFETENSORS_DTYPES = {torch: stored for stored, torch in TORCH_DTYPE_NAMES.items()}
+
+
+def safetensors_dtype(torch_dtype_name: str) -> str:
+    """The safetensors name of a torch dtype (``"torch.uint8"`` or
+    ``"uint8"`` -> ``"U8"``); an unknown one as torch names it."""
+    name = torch_dtype_name.removeprefix("torch.")
+    return SAFETENSORS_DTYPES.get(name, name)
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,26 @@ class ExpertScalar:
 
 
 @dataclass(frozen=True)
+class TensorContract:
+    """What one checkpoint tensor of one routed expert projection must be:
+    its logical shape and the safetensors dtypes it may have."""
+
+    shape: tuple[int, ...]
+    dtypes: tuple[str, ...]  # () any
+
+    def fits_shape(self, shape: Sequence[int]) -> bool:
+        return tuple(shape) == self.shape
+
+    def fits_dtype(self, dtype: str) -> bool:
+        """``dtype`` as safetensors names it (``safetensors_dtype``)."""
+        return not self.dtypes or dtype in self.dtypes
+
+    @property
+    def dtype_text(self) -> str:
+        return " or ".join(self.dtypes) or "any dtype"
+
+
+@dataclass(frozen=True)
 class ExpertTensors:
     """Every checkpoint tensor of one routed expert projection in a format."""
 
@@ -81,22 +113,21 @@ class ExpertTensors:
     def suffixes(self) -> tuple[str, ...]:
         return tuple(t.suffix for t in (*self.sharded, *self.scalars))
 
-    def expected(
+    def contracts(
         self, hidden: int, intermediate: int
-    ) -> dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]]:
-        """(projection, suffix) -> (logical shape, dtypes it may have), for
-        every tensor of one expert."""
-        expected = {
-            (projection, tensor.suffix): (
-                tensor.shape(projection, hidden, intermediate),
-                tensor.dtypes,
+    ) -> dict[tuple[str, str], TensorContract]:
+        """(projection, suffix) -> its contract, for every checkpoint tensor
+        of one expert, in checkpoint order (w1, w3, w2; sharded first)."""
+        contracts = {
+            (projection, tensor.suffix): TensorContract(
+                tensor.shape(projection, hidden, intermediate), tensor.dtypes
             )
             for projection in PROJECTIONS
             for tensor in self.sharded
         }
-        expected |= {
-            (projection, scalar.suffix): (scalar.shape, scalar.dtypes)
+        contracts |= {
+            (projection, scalar.suffix): TensorContract(scalar.shape, scalar.dtypes)
             for projection in PROJECTIONS
             for scalar in self.scalars
         }
-        return expected
+        return contracts

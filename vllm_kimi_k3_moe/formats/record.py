@@ -14,6 +14,8 @@ from typing import Any
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
 
 RoundUp = Callable[[int, int], int]  # (hidden, n) -> the method's own n'
+RowRange = tuple[int, int]  # [start, end) of an expert's intermediate rows
+RowSplit = Callable[[int, int], list[RowRange]]  # (intermediate, ranks) -> per rank
 
 # Partitions are searched in steps of the finest quantization group Kimi-K3
 # is published with (NVFP4: 16 values per scale).
@@ -60,6 +62,14 @@ class QuantizationScheme:
     quant_algo: str | None = None  # ModelOpt's
 
 
+def even_rows(intermediate: int, ranks: int) -> list[RowRange]:
+    """The rows each of ``ranks`` TP ranks loads of every expert: vLLM's
+    loader narrows the checkpoint to rank r's logical slice,
+    [r*n, (r+1)*n) for n = intermediate // ranks (``_load_w13``/``_load_w2``)."""
+    n = intermediate // ranks
+    return [(rank * n, (rank + 1) * n) for rank in range(ranks)]
+
+
 @dataclass(frozen=True)
 class CheckpointFormat:
     """A checkpoint recognised as one Kimi-K3 format, with its parameters."""
@@ -67,10 +77,17 @@ class CheckpointFormat:
     format: KimiK3Format
     name: str  # as check's summary names it, parameters included
     tensors: ExpertTensors
+    # which rows of every expert each TP rank loads, with the plugin
+    row_split: RowSplit = even_rows
 
     @property
     def loads_as(self) -> str:
         return self.format.loads_as
+
+    def rank_rows(self, intermediate: int, ranks: int) -> list[RowRange]:
+        """[start, end) of the intermediate rows TP rank r of ``ranks``
+        loads, for each r (without expert parallelism); start == end: none."""
+        return self.row_split(intermediate, ranks)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 (``ModelConfig`` reads its ``config.json``, ``DefaultModelLoader`` streams the
 shards, Kimi-K3's name mapping reaches each rank's loader) into every rank of
 TP8, TP16, TP32 and an expert-parallel deployment: the ranks' valid regions
-give back every routed-expert tensor bit for bit."""
+give back every routed-expert tensor bit for bit. Which rows each rank holds
+is what the format's record says (``CheckpointFormat.rank_rows``, which
+``check`` prints): were it not what vLLM loads, the pieces would not fit."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from tests.models.kimi_k3.format_checkpoints import (
     write_format_checkpoint_with_data,
 )
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
+from vllm_kimi_k3_moe.formats import recognise
 from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
 from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
 from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
@@ -62,17 +66,13 @@ def parameter(experts: nn.Module, projection: str, suffix: str) -> torch.Tensor:
     return getattr(experts, f"{'w2' if projection == 'w2' else 'w13'}_{suffix}")
 
 
-def rows_held(experts: nn.Module, rank: int, tp_size: int) -> tuple[int, int]:
-    """Checkpoint intermediate rows [start, end) this TP rank holds: an even
-    slice, or whole blocks of its partition (FP8 block-aligned loading)."""
-    config = experts.moe_config
-    step = (
-        experts.intermediate_size_per_partition
-        if config.tp_shard_with_padding
-        else INTERMEDIATE // tp_size
-    )
-    start = min(rank * step, INTERMEDIATE)
-    return start, min(start + step, INTERMEDIATE)
+def rows_held(fmt: str, rank: int, tp_size: int) -> tuple[int, int]:
+    """Checkpoint intermediate rows [start, end) TP rank ``rank`` holds, as
+    the format's record (vLLM-free) says: an even slice, or whole blocks of
+    its partition (FP8 block-aligned loading: at TP32 ranks 0-23 128 rows
+    each, 24-31 none)."""
+    recognised = recognise(QUANTIZATION_CONFIGS[fmt], None, "config.json")
+    return recognised.rank_rows(INTERMEDIATE, tp_size)[rank]
 
 
 def valid_region(experts, projection, suffix, checkpoint_tensor, rows, local_expert):
@@ -150,7 +150,7 @@ def test_tp_ranks_give_back_every_expert_tensor(
                         projection,
                         suffix,
                         expected,
-                        rows_held(experts, rank, tp_size),
+                        rows_held(fmt, rank, tp_size),
                         expert,
                     )
                     for rank, experts in enumerate(ranks)

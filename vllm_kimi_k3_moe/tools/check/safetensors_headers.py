@@ -57,7 +57,10 @@ class CheckpointTensors:
     """Every tensor the checkpoint's shards declare, and the shards that
     cannot be read as safetensors."""
 
-    shards: list[str]
+    shards: list[str]  # every shard vLLM would load (the index's, or the glob's)
+    # tensor name -> the shard the index puts it in ({} without an index)
+    weight_map: dict[str, str] = field(default_factory=dict)
+    headers_read: int = 0  # shards whose header was read (not missing, parseable)
     # name -> the tensor, as the first shard (in name order) holding it has it
     tensors: dict[str, HeaderTensor] = field(default_factory=dict)
     # name -> every shard holding it, for names held by more than one
@@ -67,8 +70,9 @@ class CheckpointTensors:
     total_bytes: int = 0
 
 
-def _shard_names(directory: Path) -> list[str]:
-    """The shards vLLM loads, in name order (as its loader globs them)."""
+def _shard_names(directory: Path) -> tuple[list[str], dict[str, str]]:
+    """The shards vLLM loads, in name order (as its loader globs them), and
+    the index's weight map (empty without an index)."""
     index_path = directory / INDEX_FILE
     if not index_path.is_file():
         names = sorted(p.name for p in directory.glob("*.safetensors"))
@@ -76,14 +80,14 @@ def _shard_names(directory: Path) -> list[str]:
             raise CheckpointDirError(
                 f"{directory} holds neither {INDEX_FILE} nor *.safetensors files"
             )
-        return names
+        return names, {}
     try:
         index = _INDEX.decode(index_path.read_bytes())
     except (OSError, msgspec.DecodeError) as error:
         raise CheckpointDirError(
             f"{index_path} is not a usable safetensors index: {error}"
         ) from None
-    return sorted(set(index.weight_map.values()))
+    return sorted(set(index.weight_map.values())), index.weight_map
 
 
 def _repeated_name(text: bytes) -> str | None:
@@ -123,7 +127,8 @@ def read_header(path: Path) -> tuple[dict[str, HeaderTensor], int]:
 
 def read_checkpoint_tensors(directory: Path) -> CheckpointTensors:
     """The tensor table of the safetensors checkpoint in ``directory``."""
-    checkpoint = CheckpointTensors(shards=_shard_names(directory))
+    shards, weight_map = _shard_names(directory)
+    checkpoint = CheckpointTensors(shards=shards, weight_map=weight_map)
     tensors, duplicates = checkpoint.tensors, checkpoint.duplicates
     for shard in checkpoint.shards:
         path = directory / shard
@@ -138,16 +143,19 @@ def read_checkpoint_tensors(directory: Path) -> CheckpointTensors:
                 f"is not a readable safetensors file: {error}"
             )
             continue
+        checkpoint.headers_read += 1
         if size != needed:
             checkpoint.broken_shards[shard] = (
                 f"is {size} bytes, its header describes {needed} (truncated or "
                 "incomplete download)"
             )
-        for name, tensor in header.items():
-            checkpoint.total_bytes += tensor.nbytes
-            if name in tensors:
-                duplicates.setdefault(name, [tensors[name].shard]).append(shard)
-                continue
+        for tensor in header.values():
+            checkpoint.total_bytes += tensor.data_offsets[1] - tensor.data_offsets[0]
             tensor.shard = shard
-            tensors[name] = tensor
+        # The first shard (in name order) holding a name keeps it as the
+        # checkpoint's tensor; the others are recorded as duplicates.
+        for name in sorted(header.keys() & tensors.keys()):
+            duplicates.setdefault(name, [tensors[name].shard]).append(shard)
+            del header[name]
+        tensors.update(header)
     return checkpoint
