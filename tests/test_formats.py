@@ -78,5 +78,9 @@ def test_fp8_block_ranks_load_whole_blocks(tp_size) -> None:
 )
 def test_other_formats_load_even_slices(fmt) -> None:
     recognised = recognise(fmt.published_quantization_config(), None, "")
-    assert recognised.rank_rows(INTERMEDIATE, 32)[:3] == [(0, 96), (96, 192), (192, 288)]
+    assert recognised.rank_rows(INTERMEDIATE, 32)[:3] == [
+        (0, 96),
+        (96, 192),
+        (192, 288),
+    ]
     assert recognised.rank_rows(INTERMEDIATE, 32)[31] == (2976, 3072)

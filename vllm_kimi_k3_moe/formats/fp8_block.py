@@ -119,6 +119,7 @@ def _recognises(scheme: QuantizationScheme) -> CheckpointFormat | None:
         f"compressed-tensors FP8 block [{block_out}, {block_in}]",
         tensors(block_out, block_in),
         functools.partial(block_aligned_rows, block=(block_out, block_in)),
+        f"whole {block_out}-row FP8 blocks",
     )
 
 
@@ -161,6 +162,7 @@ FP8_BLOCK = KimiK3Format(
     # rows into whole rows works.
     alignment=1,
     alignment_unit="rows",
+    stored_as="FP8 with block scales",
     moe_backends=("marlin", "triton", "humming"),
     published_config=compressed_tensors_config(
         "float-quantized", WEIGHTS, GROUP_INPUTS, UNSHARDABLE

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 PROJECTIONS = ("w1", "w3", "w2")  # gate, up, down
 SCALE = "weight_scale"
@@ -84,21 +85,42 @@ class ExpertScalar:
 @dataclass(frozen=True)
 class TensorContract:
     """What one checkpoint tensor of one routed expert projection must be:
-    its logical shape and the safetensors dtypes it may have."""
+    its logical shape and the safetensors dtypes it may have. ``check`` and
+    the strict loader both hold tensors to it (``breaches``), so what one
+    refuses the other refuses too."""
 
     shape: tuple[int, ...]
     dtypes: tuple[str, ...]  # () any
 
-    def fits_shape(self, shape: Sequence[int]) -> bool:
-        return tuple(shape) == self.shape
+    def fits(self, shape: tuple[int, ...], dtype: str) -> bool:
+        """Shape (a tuple) and dtype (as safetensors names it) both fit:
+        the one test of every tensor, kept to two comparisons because
+        ``check`` runs it half a million times."""
+        return shape == self.shape and (not self.dtypes or dtype in self.dtypes)
 
-    def fits_dtype(self, dtype: str) -> bool:
-        """``dtype`` as safetensors names it (``safetensors_dtype``)."""
-        return not self.dtypes or dtype in self.dtypes
+    def breaches(self, shape: Sequence[int], dtype: str) -> list[Breach]:
+        """How a tensor of ``shape`` and ``dtype`` (safetensors' name:
+        ``safetensors_dtype``) breaks the contract: nothing if it fits."""
+        found: list[Breach] = []
+        if tuple(shape) != self.shape:
+            found.append(Breach("shape", tuple(shape), self.shape))
+        if self.dtypes and dtype not in self.dtypes:
+            found.append(Breach("dtype", dtype, self.dtype_text))
+        return found
 
     @property
     def dtype_text(self) -> str:
         return " or ".join(self.dtypes) or "any dtype"
+
+
+@dataclass(frozen=True)
+class Breach:
+    """One way a tensor breaks its contract: ``kind`` "shape" (found and
+    expected are shapes) or "dtype" (safetensors dtype names)."""
+
+    kind: str
+    found: Any
+    expected: Any
 
 
 @dataclass(frozen=True)

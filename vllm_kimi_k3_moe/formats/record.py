@@ -77,8 +77,10 @@ class CheckpointFormat:
     format: KimiK3Format
     name: str  # as check's summary names it, parameters included
     tensors: ExpertTensors
-    # which rows of every expert each TP rank loads, with the plugin
+    # which rows of every expert each TP rank loads, with the plugin, and
+    # why they are not an even slice where they are not (check says it)
     row_split: RowSplit = even_rows
+    row_split_rule: str = ""
 
     @property
     def loads_as(self) -> str:
@@ -109,6 +111,8 @@ class KimiK3Format:
     # input, so that every rank's scales are its own.
     alignment: int
     alignment_unit: str  # what those are: "MXFP4 scale blocks"
+    # how its expert tensors look, for check's "the expert tensors are ..."
+    stored_as: str
     # --moe-backend names plan offers (NVIDIA kernels vLLM selects for it)
     moe_backends: tuple[str, ...]
     # the quantization_config of its published checkpoint (None: BF16)
