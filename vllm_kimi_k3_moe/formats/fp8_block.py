@@ -16,6 +16,7 @@ import copy
 import functools
 from typing import Any
 
+from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats.compressed_tensors import (
     ATTENTION_RESIDUALS,
     ROUTER,
@@ -105,6 +106,34 @@ def block_aligned_rows(
     ]
 
 
+# vLLM's KimiMoE pads the MoE at model level to this many rows per TP rank
+# (``min_moe_intermediate_per_partition``) when the TP slice is smaller.
+MODEL_LEVEL_MINIMUM = 256
+
+
+def split_refusal(text_config: dict[str, Any], tp_size: int, group: int) -> str | None:
+    """Why vLLM 0.33.0 cannot build FP8 block experts split over ``group``
+    GPUs (TP x DP) without expert parallelism, or None. A GPU's share of
+    each expert must be whole 128-row blocks (``create_weights``:
+    ``validate_fp8_block_shape``) unless the plugin loads whole blocks per
+    rank, which it does where vLLM pads the MoE at model level: TP > 1 and
+    the TP slice under ``min_moe_intermediate_per_partition`` (256). Data
+    parallelism alone splits the rows without that padding (TP8 x DP2: 192
+    rows each, refused)."""
+    intermediate = text_config["moe_intermediate_size"]
+    share = intermediate // group
+    minimum = text_config.get("min_moe_intermediate_per_partition", MODEL_LEVEL_MINIMUM)
+    if share % BLOCK[0] == 0 or (tp_size > 1 and intermediate // tp_size < minimum):
+        return None
+    return (
+        f"each of the {group} GPUs would hold {share} of every expert's "
+        f"{intermediate} rows, which splits FP8's {BLOCK[0]}-row blocks: "
+        f"{VLLM}'s FP8 block method refuses that (not divisible by block_n) "
+        "unless it pads the MoE at model level, at a TP slice under "
+        f"{minimum} rows; use expert parallelism (--ep) or a larger TP"
+    )
+
+
 def _recognises(scheme: QuantizationScheme) -> CheckpointFormat | None:
     weights = scheme.expert_weights
     if scheme.quant_method != "compressed-tensors" or weight_signature(weights)[:3] != (
@@ -171,4 +200,5 @@ FP8_BLOCK = KimiK3Format(
     tensors_of_method=_tensors_of_method,
     # The same method serves FP8 per channel or per tensor: not this format.
     is_method=lambda method: bool(method.block_quant),
+    split_refusal=split_refusal,
 )

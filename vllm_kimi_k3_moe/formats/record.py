@@ -16,6 +16,9 @@ from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
 RoundUp = Callable[[int, int], int]  # (hidden, n) -> the method's own n'
 RowRange = tuple[int, int]  # [start, end) of an expert's intermediate rows
 RowSplit = Callable[[int, int], list[RowRange]]  # (intermediate, ranks) -> per rank
+# (text config, TP size, GPUs sharing each expert) -> why vLLM cannot build
+# the format's experts sharded so, in one line, or None
+SplitRefusal = Callable[[dict[str, Any], int, int], str | None]
 
 # Partitions are searched in steps of the finest quantization group Kimi-K3
 # is published with (NVFP4: 16 values per scale).
@@ -121,6 +124,9 @@ class KimiK3Format:
     # (vLLM method) -> the checkpoint tensors its experts' parameters load
     tensors_of_method: Callable[[Any], ExpertTensors]
     is_method: Callable[[Any], bool] = lambda method: True
+    # A sharding of every expert (without expert parallelism) vLLM cannot
+    # build for this format beyond whole scale groups (``alignment``)
+    split_refusal: SplitRefusal | None = None
     # checkpoint suffix -> vLLM parameter suffix, where vLLM renames it
     parameter_suffixes: dict[str, str] = field(default_factory=dict)
 

@@ -149,8 +149,9 @@ def validate_topology(
     experts split evenly over each stage's TP x DP GPUs: whole experts under
     expert parallelism, else every expert's intermediate rows in whole
     scale groups of the format (``fmt.alignment``; each GPU's scales are its
-    own). Even splits are what let rank 0 of a stage stand for every GPU of
-    it."""
+    own) and as the format's method builds them (``fmt.split_refusal``: FP8
+    block). Even splits are what let rank 0 of a stage stand for every GPU
+    of it."""
     sizes = {"tensor": topology.tp_size, "data": topology.dp_size}
     sizes["pipeline"] = topology.pp_size
     for kind, size in sizes.items():
@@ -196,6 +197,11 @@ def validate_topology(
             f"{group} GPUs ({product}){whole}; without expert parallelism vLLM "
             "shards every expert over all of them"
         )
+    refusal = fmt.split_refusal and fmt.split_refusal(
+        text_config, topology.tp_size, group
+    )
+    if refusal:
+        raise DeploymentError(f"{fmt.name} at {product}: {refusal}")
 
 
 def layouts(

@@ -25,6 +25,7 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
     write_checkpoint,
     write_header_only_checkpoint,
 )
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.tools.cli import main
 
 SPEC = KimiK3Spec()
@@ -270,34 +271,49 @@ RELEASED = KimiK3Spec.released()
 
 
 @pytest.mark.parametrize(
-    ("args", "rule"),
+    ("fmt", "args", "rule"),
     [
-        (["--tp", "24"], "TP 24 does not divide Kimi-K3's vocabulary of 163840"),
         (
+            "mxfp4",
+            ["--tp", "24"],
+            "TP 24 does not divide Kimi-K3's vocabulary of 163840",
+        ),
+        (
+            "mxfp4",
             ["--tp", "5"],
             "num_attention_heads 96 does not split evenly over tensor-parallel size 5",
         ),
         (
+            "mxfp4",
             ["--tp", "32", "--dp", "2"],
             "moe_intermediate_size 3072 does not split evenly over 64 GPUs "
             "(TP 32 x DP 2) in whole MXFP4 scale blocks of 32",
         ),
         (
+            "mxfp4",
             ["--tp", "32", "--dp", "3", "--ep"],
             "896 routed experts do not split evenly over 96 expert-parallel GPUs",
+        ),
+        (
+            "fp8-block",
+            ["--tp", "8", "--dp", "2"],
+            "fp8-block at TP 8 x DP 2: each of the 16 GPUs would hold 192 of every "
+            "expert's 3072 rows, which splits FP8's 128-row blocks",
         ),
     ],
 )
 def test_check_refuses_a_topology_as_plan_does_before_reading_shards(
-    args, rule, tmp_path, capsys
+    fmt, args, rule, tmp_path, capsys
 ) -> None:
     """One validation, one line, exit 2. The directory holds config.json
     only: had check gone on to the shards, it would say there are none."""
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(RELEASED.config()))
+    config = RELEASED.config()
+    if fmt != "mxfp4":  # the released config's is MXFP4's
+        config["quantization_config"] = QUANTIZATION_CONFIGS[fmt]
+    (tmp_path / "config.json").write_text(json.dumps(config))
     refusals = []
     for command in (
-        ["plan", "--config", str(config), "--quantization", "mxfp4"],
+        ["plan", "--config", str(tmp_path / "config.json"), "--quantization", fmt],
         ["check", str(tmp_path)],
     ):
         with pytest.raises(SystemExit) as exit_info:

@@ -125,17 +125,28 @@ def assert_per_tensor_values(fmt, tensors, experts_of) -> None:
                 assert same_bits(value.reshape(expected.shape), expected), name
 
 
-@pytest.mark.parametrize("tp_size", [8, 16, 32])
+# Without expert parallelism vLLM shards every expert over TP x DP GPUs (GPU
+# r of that group: TP rank r % TP of DP rank r // TP), as check says; at
+# TP16 x DP2 FP8 blocks are loaded whole over all 32 (ranks 0-23 one each).
+TOPOLOGIES = [Topology(8), Topology(16), Topology(32), Topology(16, dp_size=2)]
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda t: t.label())
 def test_tp_ranks_give_back_every_expert_tensor(
-    checkpoint, tp_size, moe_layers_only_model, kimi_model
+    checkpoint, topology, moe_layers_only_model, kimi_model
 ):
     fmt, directory, tensors = checkpoint
+    tp_size = topology.moe_group
     ranks = [
         load_rank(
             moe_layers_only_model,
             kimi_model,
             directory,
-            Rank(Topology(tp_size), tp_rank=r),
+            Rank(
+                topology,
+                tp_rank=r % topology.tp_size,
+                dp_rank=r // topology.tp_size,
+            ),
         )
         for r in range(tp_size)
     ]
