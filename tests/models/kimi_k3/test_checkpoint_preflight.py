@@ -225,7 +225,7 @@ def test_problems_are_counted_per_kind_and_shard_then_a_few_of_each(
     ]
     missing = [line for line in lines if line.startswith("  missing: ")]
     assert len(missing) == 3  # then how many more
-    assert "  ... and 5 more missing (--all lists every problem)" in lines
+    assert "  ... and 5 more missing problems (--all lists every one)" in lines
     shape = [line for line in lines if line.startswith("  shape: ")]
     assert len(shape) == 4  # all 4: a fourth costs no more than "and 1 more"
 

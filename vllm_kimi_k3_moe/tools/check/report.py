@@ -170,7 +170,8 @@ def _examples(kind: str, found: list[Problem], show_all: bool) -> list[str]:
     lines = [f"  {problem}" for problem in found[:limit]]
     if len(found) > limit:
         lines.append(
-            f"  ... and {len(found) - limit} more {kind} (--all lists every problem)"
+            f"  ... and {len(found) - limit} more {kind} problems (--all lists "
+            "every one)"
         )
     return lines
 

@@ -62,7 +62,7 @@ def add_command(commands: Subcommands) -> None:
         ),
         epilog=(
             "Exit status: 0 clean; 1 problems found (listed); 2 unusable input, "
-            "one line on stderr and nothing read beyond config.json: no such "
+            "one line on stderr, before any shard is read: no such "
             "directory, a file instead of a directory, no config.json or "
             "shards, a quantization format check does not know, a topology "
             "vLLM cannot build (as plan refuses it), an unknown --moe-backend "
