@@ -39,7 +39,7 @@ def gpu_shares(
     experts, intermediate = layout.num_experts, layout.intermediate
     group = topology.moe_group
     if topology.expert_parallel:
-        per_gpu = experts // group
+        per_gpu = topology.experts_per_gpu(experts)
         return [
             GpuShare(
                 gpu,
