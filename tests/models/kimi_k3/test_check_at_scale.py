@@ -24,8 +24,10 @@ from tests.models.kimi_k3.format_checkpoints import (
 from tests.models.kimi_k3.kimi_k3_checkpoint import (
     KimiK3Spec,
     expert_tensor_name,
+    expert_tensors,
     shard_name,
     write_header_only_checkpoint,
+    write_headers,
 )
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.tools.cli import main
@@ -270,3 +272,23 @@ def test_release_sized_lost_quantization_config_fits_one_screen(
     assert len(lines) <= SCREEN, out
     assert lines[0] == LOST_MXFP4
     assert "problems    741888: 247296 missing, 494592 unexpected" in lines
+
+
+def test_expert_tensors_under_the_other_prefix_are_named(tmp_path, capsys) -> None:
+    """Text-only names (``model.layers.``) under a multimodal config.json that
+    also lost its quantization_config: both causes, in the first line."""
+    entries = [
+        (name.replace("language_model.layers.", "model.layers.", 1), "U8", shape)
+        for name, shape in expert_tensors(SPEC)
+    ]
+    config = SPEC.config()
+    del config["quantization_config"]
+    write_headers(tmp_path, SPEC, entries, config)
+    status, out = check(capsys, str(tmp_path))
+    assert status == 1
+    assert out.splitlines()[0] == (
+        "MISMATCH    config.json nests text_config, so vLLM's Kimi-K3 loader reads "
+        "the experts as language_model.layers.N.block_sparse_moe.experts.E.*, but "
+        "the checkpoint names them model.layers.N.block_sparse_moe.experts.E.*, and "
+        "they are MXFP4-packed (weight_packed U8, weight_scale U8 per projection)"
+    )

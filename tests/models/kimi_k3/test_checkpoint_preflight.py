@@ -420,6 +420,11 @@ def test_a_text_only_checkpoint_is_read_under_model_layers(write, capsys) -> Non
     config_path.write_text(json.dumps(flat))
     status, out = check(capsys, str(directory))
     assert status == 1
+    assert out.splitlines()[0] == (  # the cause, first
+        "MISMATCH    config.json has no text_config, so vLLM's Kimi-K3 loader reads "
+        "the experts as model.layers.N.block_sparse_moe.experts.E.*, but the "
+        "checkpoint names them language_model.layers.N.block_sparse_moe.experts.E.*"
+    )
     assert "missing: model.layers.1.block_sparse_moe.experts.0.w1.weight_packed" in out
     assert f"unexpected: {GATE}: " in out
 

@@ -27,7 +27,7 @@ from vllm_kimi_k3_moe.tools.check.layout import (
     layer_ranges,
     read_layout,
 )
-from vllm_kimi_k3_moe.tools.check.lookalike import mismatch_line, stored_format
+from vllm_kimi_k3_moe.tools.check.lookalike import mismatch
 from vllm_kimi_k3_moe.tools.check.problems import ProblemLog
 from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
     CheckpointDirError,
@@ -222,7 +222,5 @@ def preflight(
     )
     _compare(report, checkpoint)
     if report.problems:
-        stored = stored_format(layout, checkpoint.tensors)
-        if stored is not None:
-            report.mismatch = mismatch_line(layout, stored)
+        report.mismatch = mismatch(layout, checkpoint.tensors)
     return report
