@@ -467,12 +467,18 @@ def test_a_bad_moe_backend_is_refused_before_reading_shards(
 
 
 def test_moe_backend_adds_vllms_own_allocation(kimi_model, write, capsys) -> None:
-    status, out = check(capsys, str(write()), "--moe-backend", "marlin")
+    directory = str(write())
+    status, out = check(capsys, directory, "--moe-backend", "marlin")
     assert status == 0
     assert (
         "on marlin, by vLLM 0.33.0's own layer: 128 intermediate rows per expert "
         "with this plugin (upstream 256)"
     ) in out
+    status, out = check(capsys, directory, "--moe-backend", "marlin", "--json")
+    assert status == 0
+    allocation = json.loads(out)["allocation"]  # stdout is the JSON alone
+    assert allocation["backend"] == "marlin"
+    assert allocation["intermediate_per_rank"] == {"plugin": 128, "upstream": 256}
 
 
 def test_header_only_checkpoints_are_what_safetensors_reads(tmp_path, capsys) -> None:
