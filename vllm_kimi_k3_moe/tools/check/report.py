@@ -1,10 +1,11 @@
 """What ``vllm-kimi-k3-moe check`` prints for a ``PreflightReport``: one screen.
 
-The cause first when there is one (expert tensors in another format than
-declared), then the summary of the checkpoint and of each GPU's share, then
-the problems grouped: counts per kind and per shard, a few of each kind and
-how many more (``--all``: every one), and the verdict last. However broken
-the checkpoint, that is about 40 lines.
+The cause first when there is one (expert tensors in another format, or
+under other names, than ``config.json`` says), then the summary of the
+checkpoint and of each GPU's share, then the problems grouped: counts per
+kind and per shard, a few of each kind and how many more (``--all``: every
+one), and the verdict last. However broken the checkpoint, that is about 40
+lines.
 """
 
 from __future__ import annotations
