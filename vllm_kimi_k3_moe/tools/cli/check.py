@@ -121,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
         fail("check", str(error))
     if args.json:
         plan = None if backend is None else _vllm_allocation(report, backend)
-        sys.stdout.buffer.write(as_json(report, plan))
-        sys.stdout.flush()
+        # as text: sys.stdout may be a stream without a binary buffer
+        print(as_json(report, plan).decode(), end="", flush=True)
         return report.status
     # The summary first: building vLLM's model takes a while.
     print("\n".join([*headline(report), *summary(report)]), flush=True)
