@@ -18,6 +18,7 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
     split_into_shards,
     write_checkpoint,
 )
+from vllm_kimi_k3_moe.formats import FORMATS
 from vllm_kimi_k3_moe.tools import cli
 
 REPO = Path(__file__).parents[1]
@@ -146,6 +147,24 @@ def test_help_names_the_subcommands_and_version(capsys) -> None:
     help_text = capsys.readouterr().out
     for word in ("plan", "check", "--version", "supports"):
         assert word in help_text
+
+
+def test_check_help_names_every_format_and_exit_status(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["check", "--help"])
+    # argparse wraps lines (at hyphens too): compare without whitespace
+    text = "".join(capsys.readouterr().out.split())
+    for fmt in FORMATS:
+        assert "".join(fmt.title.split()) in text, fmt.name
+    for status in (
+        "Exitstatus:0clean;1problemsfound",
+        "2unusableinput,onelineonstderr",
+        "atopologyvLLMcannotbuild(asplanrefusesit)",
+        "afileinsteadofadirectory",
+    ):
+        assert status in text
+    for option in ("--all", "--json", "--moe-backend", "--tp", "--dp", "--ep"):
+        assert option in text
 
 
 def test_readme_shows_the_version_output(capsys) -> None:

@@ -18,35 +18,26 @@ NUM_EXPERTS = 896
 
 
 @pytest.mark.parametrize(
-    ("topology", "short", "subject", "product", "sentence"),
+    ("topology", "short", "product", "sentence"),
     [
-        (Topology(32), "TP32", "TP32 DP1", "TP 32 x DP 1", "TP32 without"),
-        (
-            Topology(8, dp_size=4),
-            "TP8 DP4",
-            "TP8 DP4",
-            "TP 8 x DP 4",
-            "TP8 x DP4 without",
-        ),
+        (Topology(32), "TP32", "TP 32 x DP 1", "TP32 without"),
+        (Topology(8, dp_size=4), "TP8 DP4", "TP 8 x DP 4", "TP8 x DP4 without"),
         (
             Topology(32, dp_size=1, expert_parallel=True),
             "TP32 EP",
-            "TP32 DP1",
             "TP 32 x DP 1",
             "TP32 with",
         ),
         (
             Topology(8, dp_size=4, expert_parallel=True),
             "TP8 DP4 EP",
-            "TP8 DP4",
             "TP 8 x DP 4",
             "TP8 x DP4 with",
         ),
     ],
 )
-def test_label_styles(topology, short, subject, product, sentence) -> None:
+def test_label_styles(topology, short, product, sentence) -> None:
     assert topology.label() == short
-    assert topology.label("subject") == subject
     assert topology.label("product") == product
     assert topology.label("sentence") == f"{sentence} expert parallelism"
 

@@ -50,3 +50,37 @@ def test_an_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(FormatError) as raised:
         format_named("fp4")
     assert all(name in str(raised.value) for name in FORMAT_NAMES)
+
+
+# Rows [start, end) of each expert per TP rank, written out (README: "at
+# TP32 ranks 0-23 hold 128 rows each and ranks 24-31 none; at TP16 ranks
+# 0-11 hold 256 each and ranks 12-15 none"); test_format_checkpoints_end_to_end
+# holds the records to what vLLM loads.
+FP8_BLOCK_ROWS = {
+    8: [(0, 384), (384, 768), (768, 1152), (1152, 1536), (1536, 1920),
+        (1920, 2304), (2304, 2688), (2688, 3072)],  # 384 = 3 whole blocks
+    16: [(0, 256), (256, 512), (512, 768), (768, 1024), (1024, 1280),
+         (1280, 1536), (1536, 1792), (1792, 2048), (2048, 2304), (2304, 2560),
+         (2560, 2816), (2816, 3072)] + [(3072, 3072)] * 4,
+    24: [(128 * r, 128 * r + 128) for r in range(24)],  # 128: one block each
+    32: [(128 * r, 128 * r + 128) for r in range(24)] + [(3072, 3072)] * 8,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("tp_size", FP8_BLOCK_ROWS)
+def test_fp8_block_ranks_load_whole_blocks(tp_size) -> None:
+    fp8 = recognise(format_named("fp8-block").published_quantization_config(), None, "")
+    assert fp8.rank_rows(INTERMEDIATE, tp_size) == FP8_BLOCK_ROWS[tp_size]
+
+
+@pytest.mark.parametrize(
+    "fmt", [f for f in FORMATS if f.name != "fp8-block"], ids=lambda f: f.name
+)
+def test_other_formats_load_even_slices(fmt) -> None:
+    recognised = recognise(fmt.published_quantization_config(), None, "")
+    assert recognised.rank_rows(INTERMEDIATE, 32)[:3] == [
+        (0, 96),
+        (96, 192),
+        (192, 288),
+    ]
+    assert recognised.rank_rows(INTERMEDIATE, 32)[31] == (2976, 3072)

@@ -40,6 +40,7 @@ __all__ = [
     "KimiK3Format",
     "format_named",
     "format_of_method",
+    "published_checkpoint_formats",
     "recognise",
 ]
 
@@ -130,3 +131,16 @@ def recognise(
     if scheme.quant_method == "modelopt":
         raise _refuse(where, f"ModelOpt quant_algo {scheme.quant_algo!r}")
     raise _refuse(where, f"quantization_config.quant_method {scheme.quant_method!r}")
+
+
+def published_checkpoint_formats() -> list[CheckpointFormat]:
+    """Each format as its published ``quantization_config`` makes it, one per
+    distinct expert tensor layout (compressed-tensors MXFP4 stores its
+    experts as the release does): what ``check`` compares expert tensors
+    with when they do not fit the format ``config.json`` declares."""
+    found: list[CheckpointFormat] = []
+    for fmt in FORMATS:
+        published = recognise(fmt.published_quantization_config(), None, fmt.name)
+        if all(other.tensors != published.tensors for other in found):
+            found.append(published)
+    return found

@@ -31,6 +31,7 @@ BF16 = KimiK3Format(
     partition_rule=OWNS_ITS_PADDING,
     alignment=1,
     alignment_unit="rows",
+    stored_as="unquantized BF16",
     moe_backends=("marlin", "triton", "batched_triton", "humming"),
     published_config=None,
     recognises=_recognises,

@@ -13,8 +13,10 @@ hold none).
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
+from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats.compressed_tensors import (
     ATTENTION_RESIDUALS,
     ROUTER,
@@ -33,6 +35,8 @@ from vllm_kimi_k3_moe.formats.record import (
     KimiK3Format,
     PartitionRule,
     QuantizationScheme,
+    RowRange,
+    even_rows,
 )
 
 BLOCK = (128, 128)  # (output rows, input columns) per scale
@@ -81,6 +85,55 @@ def tensors(block_out: int, block_in: int) -> ExpertTensors:
     )
 
 
+def block_aligned_rows(
+    intermediate: int, ranks: int, block: tuple[int, int] = BLOCK
+) -> list[RowRange]:
+    """The intermediate rows [start, end) each of ``ranks`` TP ranks loads
+    with the plugin. Where the even slice splits a square block,
+    ``pad_tp_shard_to_weight_blocks`` rounds the partition n up to whole
+    blocks and vLLM's loader (``_load_model_weight_or_group_weight_scale``,
+    ``tp_shard_with_padding``) gives rank r rows [r*n, (r+1)*n) clipped to
+    the checkpoint: the first ranks hold whole blocks, the last ones none
+    (TP32: ranks 0-23 128 rows each, 24-31 none). Otherwise the even slice."""
+    block_n, block_k = block
+    share = intermediate // ranks
+    if block_n != block_k or ranks == 1 or share % block_n == 0:
+        return even_rows(intermediate, ranks)
+    n = -(-share // block_n) * block_n
+    return [
+        (min(rank * n, intermediate), min((rank + 1) * n, intermediate))
+        for rank in range(ranks)
+    ]
+
+
+# vLLM's KimiMoE pads the MoE at model level to this many rows per TP rank
+# (``min_moe_intermediate_per_partition``) when the TP slice is smaller.
+MODEL_LEVEL_MINIMUM = 256
+
+
+def split_refusal(text_config: dict[str, Any], tp_size: int, group: int) -> str | None:
+    """Why vLLM 0.33.0 cannot build FP8 block experts split over ``group``
+    GPUs (TP x DP) without expert parallelism, or None. A GPU's share of
+    each expert must be whole 128-row blocks (``create_weights``:
+    ``validate_fp8_block_shape``) unless the plugin loads whole blocks per
+    rank, which it does where vLLM pads the MoE at model level: TP > 1 and
+    the TP slice under ``min_moe_intermediate_per_partition`` (256). Data
+    parallelism alone splits the rows without that padding (TP8 x DP2: 192
+    rows each, refused)."""
+    intermediate = text_config["moe_intermediate_size"]
+    share = intermediate // group
+    minimum = text_config.get("min_moe_intermediate_per_partition", MODEL_LEVEL_MINIMUM)
+    if share % BLOCK[0] == 0 or (tp_size > 1 and intermediate // tp_size < minimum):
+        return None
+    return (
+        f"each of the {group} GPUs would hold {share} of every expert's "
+        f"{intermediate} rows, which splits FP8's {BLOCK[0]}-row blocks: "
+        f"{VLLM}'s FP8 block method refuses that (not divisible by block_n) "
+        "unless it pads the MoE at model level, at a TP slice under "
+        f"{minimum} rows; use expert parallelism (--ep) or a larger TP"
+    )
+
+
 def _recognises(scheme: QuantizationScheme) -> CheckpointFormat | None:
     weights = scheme.expert_weights
     if scheme.quant_method != "compressed-tensors" or weight_signature(weights)[:3] != (
@@ -94,6 +147,8 @@ def _recognises(scheme: QuantizationScheme) -> CheckpointFormat | None:
         FP8_BLOCK,
         f"compressed-tensors FP8 block [{block_out}, {block_in}]",
         tensors(block_out, block_in),
+        functools.partial(block_aligned_rows, block=(block_out, block_in)),
+        f"whole {block_out}-row FP8 blocks",
     )
 
 
@@ -136,6 +191,7 @@ FP8_BLOCK = KimiK3Format(
     # rows into whole rows works.
     alignment=1,
     alignment_unit="rows",
+    stored_as="FP8 with block scales",
     moe_backends=("marlin", "triton", "humming"),
     published_config=compressed_tensors_config(
         "float-quantized", WEIGHTS, GROUP_INPUTS, UNSHARDABLE
@@ -144,4 +200,5 @@ FP8_BLOCK = KimiK3Format(
     tensors_of_method=_tensors_of_method,
     # The same method serves FP8 per channel or per tensor: not this format.
     is_method=lambda method: bool(method.block_quant),
+    split_refusal=split_refusal,
 )

@@ -1,8 +1,10 @@
 """How one routed expert projection is stored in a checkpoint: value types.
 
 Plain Python (no torch, no vLLM), so the checkpoint preflight can use it
-without paying for either import; the strict expert loader checks the same
-records on the tensors it receives.
+without paying for either import. ``ExpertTensors.contracts`` is the one
+tensor contract: ``check`` holds each shard header's entry to it and the
+strict expert loader each tensor it receives, so that what one refuses the
+other refuses too.
 
 Vocabulary: a *projection* is w1 (gate), w3 (up) or w2 (down); a *suffix* is
 what follows it in a checkpoint key (``weight``, ``weight_packed``,
@@ -15,7 +17,9 @@ per group, and FP8 blocks reduce the output dimension too.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 PROJECTIONS = ("w1", "w3", "w2")  # gate, up, down
 SCALE = "weight_scale"
@@ -37,6 +41,15 @@ TORCH_DTYPE_NAMES = {
     "F32": "float32",
     "F64": "float64",
 }
+# torch dtype name -> safetensors dtype: what a loaded tensor was stored as
+SAFETENSORS_DTYPES = {torch: stored for stored, torch in TORCH_DTYPE_NAMES.items()}
+
+
+def safetensors_dtype(torch_dtype_name: str) -> str:
+    """The safetensors name of a torch dtype (``"torch.uint8"`` or
+    ``"uint8"`` -> ``"U8"``); an unknown one as torch names it."""
+    name = torch_dtype_name.removeprefix("torch.")
+    return SAFETENSORS_DTYPES.get(name, name)
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,47 @@ class ExpertScalar:
 
 
 @dataclass(frozen=True)
+class TensorContract:
+    """What one checkpoint tensor of one routed expert projection must be:
+    its logical shape and the safetensors dtypes it may have. ``check`` and
+    the strict loader both hold tensors to it (``breaches``), so what one
+    refuses the other refuses too."""
+
+    shape: tuple[int, ...]
+    dtypes: tuple[str, ...]  # () any
+
+    def fits(self, shape: tuple[int, ...], dtype: str) -> bool:
+        """Shape (a tuple) and dtype (as safetensors names it) both fit:
+        the one test of every tensor, kept to two comparisons because
+        ``check`` runs it half a million times."""
+        return shape == self.shape and (not self.dtypes or dtype in self.dtypes)
+
+    def breaches(self, shape: Sequence[int], dtype: str) -> list[Breach]:
+        """How a tensor of ``shape`` and ``dtype`` (safetensors' name:
+        ``safetensors_dtype``) breaks the contract: nothing if it fits."""
+        found: list[Breach] = []
+        if tuple(shape) != self.shape:
+            found.append(Breach("shape", tuple(shape), self.shape))
+        if self.dtypes and dtype not in self.dtypes:
+            found.append(Breach("dtype", dtype, self.dtype_text))
+        return found
+
+    @property
+    def dtype_text(self) -> str:
+        return " or ".join(self.dtypes) or "any dtype"
+
+
+@dataclass(frozen=True)
+class Breach:
+    """One way a tensor breaks its contract: ``kind`` "shape" (found and
+    expected are shapes) or "dtype" (safetensors dtype names)."""
+
+    kind: str
+    found: Any
+    expected: Any
+
+
+@dataclass(frozen=True)
 class ExpertTensors:
     """Every checkpoint tensor of one routed expert projection in a format."""
 
@@ -81,22 +135,21 @@ class ExpertTensors:
     def suffixes(self) -> tuple[str, ...]:
         return tuple(t.suffix for t in (*self.sharded, *self.scalars))
 
-    def expected(
+    def contracts(
         self, hidden: int, intermediate: int
-    ) -> dict[tuple[str, str], tuple[tuple[int, ...], tuple[str, ...]]]:
-        """(projection, suffix) -> (logical shape, dtypes it may have), for
-        every tensor of one expert."""
-        expected = {
-            (projection, tensor.suffix): (
-                tensor.shape(projection, hidden, intermediate),
-                tensor.dtypes,
+    ) -> dict[tuple[str, str], TensorContract]:
+        """(projection, suffix) -> its contract, for every checkpoint tensor
+        of one expert, in checkpoint order (w1, w3, w2; sharded first)."""
+        contracts = {
+            (projection, tensor.suffix): TensorContract(
+                tensor.shape(projection, hidden, intermediate), tensor.dtypes
             )
             for projection in PROJECTIONS
             for tensor in self.sharded
         }
-        expected |= {
-            (projection, scalar.suffix): (scalar.shape, scalar.dtypes)
+        contracts |= {
+            (projection, scalar.suffix): TensorContract(scalar.shape, scalar.dtypes)
             for projection in PROJECTIONS
             for scalar in self.scalars
         }
-        return expected
+        return contracts

@@ -110,6 +110,7 @@ RELEASE = KimiK3Format(
     partition_rule=OWNS_ITS_PADDING,
     alignment=BLOCK,
     alignment_unit="MXFP4 scale blocks",
+    stored_as="MXFP4-packed",
     moe_backends=NATIVE_BACKENDS,
     published_config=compressed_tensors_config(
         RELEASE_FORMAT, WEIGHTS, None, EVERYTHING_BUT_ROUTED_EXPERTS
@@ -132,6 +133,7 @@ COMPRESSED_TENSORS = KimiK3Format(
     ),
     alignment=BLOCK,
     alignment_unit="MXFP4 scale blocks",
+    stored_as="MXFP4-packed",
     moe_backends=COMPRESSED_TENSORS_BACKENDS,
     published_config=compressed_tensors_config(
         "pack-quantized", WEIGHTS, None, EVERYTHING_BUT_ROUTED_EXPERTS

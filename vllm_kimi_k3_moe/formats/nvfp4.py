@@ -132,6 +132,7 @@ COMPRESSED_TENSORS = KimiK3Format(
     partition_rule=RULE,
     alignment=GROUP,
     alignment_unit="NVFP4 scale groups",
+    stored_as="NVFP4-packed (compressed-tensors names)",
     moe_backends=MOE_BACKENDS,
     published_config=compressed_tensors_config(
         COMPRESSED_TENSORS_FORMAT, WEIGHTS, INPUTS, IGNORE
@@ -148,6 +149,7 @@ MODELOPT = KimiK3Format(
     partition_rule=RULE,
     alignment=GROUP,
     alignment_unit="NVFP4 scale groups",
+    stored_as="NVFP4-packed (ModelOpt names)",
     moe_backends=MOE_BACKENDS,
     published_config={
         "quant_method": "modelopt",

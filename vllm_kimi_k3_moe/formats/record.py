@@ -14,6 +14,11 @@ from typing import Any
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
 
 RoundUp = Callable[[int, int], int]  # (hidden, n) -> the method's own n'
+RowRange = tuple[int, int]  # [start, end) of an expert's intermediate rows
+RowSplit = Callable[[int, int], list[RowRange]]  # (intermediate, ranks) -> per rank
+# (text config, TP size, GPUs sharing each expert) -> why vLLM cannot build
+# the format's experts sharded so, in one line, or None
+SplitRefusal = Callable[[dict[str, Any], int, int], str | None]
 
 # Partitions are searched in steps of the finest quantization group Kimi-K3
 # is published with (NVFP4: 16 values per scale).
@@ -60,6 +65,14 @@ class QuantizationScheme:
     quant_algo: str | None = None  # ModelOpt's
 
 
+def even_rows(intermediate: int, ranks: int) -> list[RowRange]:
+    """The rows each of ``ranks`` TP ranks loads of every expert: vLLM's
+    loader narrows the checkpoint to rank r's logical slice,
+    [r*n, (r+1)*n) for n = intermediate // ranks (``_load_w13``/``_load_w2``)."""
+    n = intermediate // ranks
+    return [(rank * n, (rank + 1) * n) for rank in range(ranks)]
+
+
 @dataclass(frozen=True)
 class CheckpointFormat:
     """A checkpoint recognised as one Kimi-K3 format, with its parameters."""
@@ -67,10 +80,19 @@ class CheckpointFormat:
     format: KimiK3Format
     name: str  # as check's summary names it, parameters included
     tensors: ExpertTensors
+    # which rows of every expert each TP rank loads, with the plugin, and
+    # why they are not an even slice where they are not (check says it)
+    row_split: RowSplit = even_rows
+    row_split_rule: str = ""
 
     @property
     def loads_as(self) -> str:
         return self.format.loads_as
+
+    def rank_rows(self, intermediate: int, ranks: int) -> list[RowRange]:
+        """[start, end) of the intermediate rows TP rank r of ``ranks``
+        loads, for each r (without expert parallelism); start == end: none."""
+        return self.row_split(intermediate, ranks)
 
 
 @dataclass(frozen=True)
@@ -92,6 +114,8 @@ class KimiK3Format:
     # input, so that every rank's scales are its own.
     alignment: int
     alignment_unit: str  # what those are: "MXFP4 scale blocks"
+    # how its expert tensors look, for check's "the expert tensors are ..."
+    stored_as: str
     # --moe-backend names plan offers (NVIDIA kernels vLLM selects for it)
     moe_backends: tuple[str, ...]
     # the quantization_config of its published checkpoint (None: BF16)
@@ -100,6 +124,9 @@ class KimiK3Format:
     # (vLLM method) -> the checkpoint tensors its experts' parameters load
     tensors_of_method: Callable[[Any], ExpertTensors]
     is_method: Callable[[Any], bool] = lambda method: True
+    # A sharding of every expert (without expert parallelism) vLLM cannot
+    # build for this format beyond whole scale groups (``alignment``)
+    split_refusal: SplitRefusal | None = None
     # checkpoint suffix -> vLLM parameter suffix, where vLLM renames it
     parameter_suffixes: dict[str, str] = field(default_factory=dict)
 

@@ -101,6 +101,7 @@ W4A16 = KimiK3Format(
     ),
     alignment=GROUP,
     alignment_unit="INT4 scale groups",
+    stored_as="INT4-packed (W4A16)",
     moe_backends=("marlin", "humming"),
     published_config=compressed_tensors_config(
         "pack-quantized", WEIGHTS, None, EVERYTHING_BUT_ROUTED_EXPERTS

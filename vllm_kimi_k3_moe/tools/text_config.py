@@ -102,6 +102,10 @@ LANGUAGE_MODEL_FIELDS = (*LANGUAGE_MODEL_INTEGER_FIELDS, "linear_attn_config")
 LINEAR_ATTENTION_FIELDS = ("num_heads", "head_dim", "kda_layers", "full_attn_layers")
 # Read from a config.json when set, beyond the embedded fields.
 OPTIONAL_FIELDS = ("num_nextn_predict_layers",)  # MTP draft layers, after the main ones
+# What vLLM's topology rules read (``topology.validate_topology``: whole
+# heads and vocabulary rows per TP rank): read when set, so that ``check``
+# refuses what ``plan`` refuses for the same config.json.
+TOPOLOGY_FIELDS = ("vocab_size", "num_attention_heads", "linear_attn_config")
 # Integer fields and their smallest valid value, checked when set.
 INTEGER_FIELDS = {
     **dict.fromkeys(REQUIRED_FIELDS, 1),
@@ -175,7 +179,8 @@ def read_config_document(path: Path) -> dict[str, Any]:
 
 def text_config_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:
     """The validated MoE fields of a config document's language model (nested
-    under ``text_config`` in Kimi-K3's multimodal config)."""
+    under ``text_config`` in Kimi-K3's multimodal config), and the fields
+    vLLM's topology rules read, where set."""
     nested = "text_config" in document
     text_config = document["text_config"] if nested else document
     where = "text_config" if nested else "the top level"
@@ -195,11 +200,17 @@ def text_config_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:
                 f"config file {path}: {name} must be an integer of at least "
                 f"{minimum}, got {value!r}"
             )
-    return {
+    fields = {
         name: text_config[name]
-        for name in (*KIMI_K3_MOE_FIELDS, *OPTIONAL_FIELDS)
+        for name in (*KIMI_K3_MOE_FIELDS, *OPTIONAL_FIELDS, *TOPOLOGY_FIELDS)
         if text_config.get(name) is not None
     }
+    if not isinstance(fields.get("linear_attn_config", {}), dict):
+        raise ConfigFileError(
+            f"config file {path}: linear_attn_config must be an object, got "
+            f"{fields['linear_attn_config']!r}"
+        )
+    return fields
 
 
 def language_model_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 Plain Python (no torch, no vLLM), so ``check`` and the command line's input
 validation run without paying for either import. The planner sizes a
 ``Deployment`` with vLLM's real layers; the checkpoint preflight splits the
-checkpoint by its ``Topology``. Both name a topology, refuse an uneven split
-and compute each GPU's share here, so they cannot disagree.
+checkpoint by its ``Topology``. Both name a topology here and refuse, with
+the same line, what vLLM cannot build (``validate_topology``), so they
+cannot disagree; which rows each GPU then loads is the format's
+(``CheckpointFormat.rank_rows``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Literal
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, KimiK3Format, format_named
 
 # How a topology is named, by where the name appears (see Topology.label).
-LabelStyle = Literal["short", "subject", "product", "sentence"]
+LabelStyle = Literal["short", "product", "sentence"]
 
 
 class DeploymentError(ValueError):
@@ -50,7 +52,6 @@ class Topology:
         what one output has always printed (the suite and README pin them):
 
         - ``short``: ``TP8 DP4 EP``; plan's table, progress and errors
-        - ``subject``: ``TP8 DP1``; a topology problem in check's list
         - ``product``: ``TP 8 x DP 1``; the GPU count in a split refusal
         - ``sentence``: ``TP8 x DP4 with expert parallelism``; check's share
         """
@@ -64,8 +65,6 @@ class Topology:
             if self.expert_parallel:
                 parts.append("EP")
             return " ".join(parts)
-        if style == "subject":
-            return f"{tp} {dp}"
         if style == "product":
             pp = f" x PP {self.pp_size}" if self.pp_size > 1 else ""
             return f"TP {self.tp_size}{pp} x DP {self.dp_size}"
@@ -149,8 +148,9 @@ def validate_topology(
     experts split evenly over each stage's TP x DP GPUs: whole experts under
     expert parallelism, else every expert's intermediate rows in whole
     scale groups of the format (``fmt.alignment``; each GPU's scales are its
-    own). Even splits are what let rank 0 of a stage stand for every GPU of
-    it."""
+    own) and as the format's method builds them (``fmt.split_refusal``: FP8
+    block). Even splits are what let rank 0 of a stage stand for every GPU
+    of it."""
     sizes = {"tensor": topology.tp_size, "data": topology.dp_size}
     sizes["pipeline"] = topology.pp_size
     for kind, size in sizes.items():
@@ -196,6 +196,11 @@ def validate_topology(
             f"{group} GPUs ({product}){whole}; without expert parallelism vLLM "
             "shards every expert over all of them"
         )
+    refusal = fmt.split_refusal and fmt.split_refusal(
+        text_config, topology.tp_size, group
+    )
+    if refusal:
+        raise DeploymentError(f"{fmt.name} at {product}: {refusal}")
 
 
 def layouts(

@@ -92,6 +92,8 @@ class KimiK3Spec:
     num_nextn_predict_layers: int = 1  # layer 3: the MTP block, also MoE
     first_k_dense_replace: int = 1
     vocab_size: int = 1024
+    # MLA heads; vLLM's config checks want them to split over TP32
+    num_attention_heads: int = 64
     shards: int = 3
 
     @classmethod
@@ -105,6 +107,7 @@ class KimiK3Spec:
             num_hidden_layers=93,
             num_nextn_predict_layers=0,
             vocab_size=163840,
+            num_attention_heads=96,  # as published: TP24 is refused by the vocabulary
             shards=96,
         )
 
@@ -133,11 +136,10 @@ class KimiK3Spec:
             "first_k_dense_replace": self.first_k_dense_replace,
             "intermediate_size": 1024,
             # Kimi-K3's attention (what building the language model needs),
-            # the last layer MLA and the others KDA; vLLM's config checks
-            # want the heads to split over TP32
+            # the last layer MLA and the others KDA
             **KIMI_K3_ATTENTION_FIELDS,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 64,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_attention_heads,
             "head_dim": 128,
             "linear_attn_config": {
                 **KIMI_K3_ATTENTION_FIELDS["linear_attn_config"],

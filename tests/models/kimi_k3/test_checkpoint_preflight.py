@@ -25,6 +25,7 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
     write_checkpoint,
     write_header_only_checkpoint,
 )
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.tools.cli import main
 
 SPEC = KimiK3Spec()
@@ -166,7 +167,7 @@ def test_a_clean_checkpoint_passes_and_is_summarised(write, capsys) -> None:
         "format      compressed-tensors mxfp4-pack-quantized; vLLM loads its "
         "experts with native MXFP4 (Mxfp4MoEMethod)" in out
     )
-    assert "3 headers read (no tensor data)" in out
+    assert "3 of 3 headers read (no tensor data)" in out
     assert "2 MoE layers (1, 2) + 1 MTP (3)" in out
     assert "144 expected, 144 found and checked" in out  # 3 layers x 8 x 6
     # 8 experts x 3 layers x (2 x (3072x128 + 3072x8) + 256x1536 + 256x96) bytes
@@ -181,25 +182,52 @@ def test_a_clean_checkpoint_passes_and_is_summarised(write, capsys) -> None:
 @pytest.mark.parametrize("variant", CORRUPTIONS)
 def test_each_corruption_is_reported_by_tensor_name(variant, write, capsys) -> None:
     corrupt, expected_lines = CORRUPTIONS[variant]
-    status, out = check(capsys, str(write(corrupt)))
+    status, out = check(capsys, str(write(corrupt)), "--all")
     assert status == 1, out
     for line in expected_lines:
         assert f"\n  {line}" in out, f"{line!r} not in:\n{out}"
-    assert f"{len(expected_lines)} problem" in out
+    assert f"\nproblems    {len(expected_lines)}: " in out
     assert out.rstrip().splitlines()[-1].startswith("FAILED ")
 
 
-def test_every_problem_is_listed_not_just_the_first(write, capsys) -> None:
-    def all_at_once(shards: Shards) -> None:
-        for corrupt, _ in CORRUPTIONS.values():
-            corrupt(shards)
+def all_at_once(shards: Shards) -> None:
+    for corrupt, _ in CORRUPTIONS.values():
+        corrupt(shards)
 
-    status, out = check(capsys, str(write(all_at_once)))
+
+def test_every_problem_is_listed_with_all(write, capsys) -> None:
+    status, out = check(capsys, str(write(all_at_once)), "--all")
     assert status == 1
     expected = [line for _, lines in CORRUPTIONS.values() for line in lines]
     for line in expected:
         assert f"\n  {line}" in out, line
-    assert f"{len(expected)} problems (" in out
+    assert f"\nproblems    {len(expected)}: " in out
+    assert "more" not in out
+
+
+# What CORRUPTIONS amount to, per kind (the missing expert is 6 tensors)
+KIND_COUNTS = "8 missing, 4 shape, 1 dtype, 1 duplicate, 2 unexpected"
+
+
+def test_problems_are_counted_per_kind_and_shard_then_a_few_of_each(
+    write, capsys
+) -> None:
+    status, out = check(capsys, str(write(all_at_once)))
+    assert status == 1
+    lines = out.splitlines()
+    assert f"problems    16: {KIND_COUNTS}" in lines
+    # removed tensors are in no shard (nor the index); the rest where they are
+    first = lines.index("by shard    in no shard: 8 missing")
+    assert lines[first + 1 : first + 4] == [  # most problems first
+        f"            {shard_name(0, 3)}: 2 shape, 1 dtype",
+        f"            {shard_name(2, 3)}: 1 duplicate, 2 unexpected",
+        f"            {shard_name(1, 3)}: 2 shape",
+    ]
+    missing = [line for line in lines if line.startswith("  missing: ")]
+    assert len(missing) == 3  # then how many more
+    assert "  ... and 5 more missing problems (--all lists every one)" in lines
+    shape = [line for line in lines if line.startswith("  shape: ")]
+    assert len(shape) == 4  # all 4: a fourth costs no more than "and 1 more"
 
 
 def test_a_truncated_shard_is_reported(write, capsys) -> None:
@@ -208,47 +236,97 @@ def test_a_truncated_shard_is_reported(write, capsys) -> None:
     size = shard.stat().st_size
     with shard.open("r+b") as file:
         file.truncate(size - 1000)
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    held = list(index["weight_map"].values()).count(shard.name)
     status, out = check(capsys, str(directory))
     assert status == 1
     assert (
         f"shard: {shard.name}: is {size - 1000} bytes, its header describes {size}"
-        in out
+        f" (truncated or incomplete download); its header lists {held} tensors" in out
     )
 
 
-def test_a_shard_missing_from_disk_is_reported(write, capsys) -> None:
+def test_a_shard_missing_from_disk_is_one_line_with_what_it_held(write, capsys) -> None:
     directory = write()
     index = json.loads((directory / "model.safetensors.index.json").read_text())
     lost = [n for n, s in index["weight_map"].items() if s == shard_name(2, 3)]
+    lost_experts = [name for name in lost if ".experts." in name]
+    layers = sorted({int(name.split(".")[2]) for name in lost_experts})
+    assert lost_experts and layers == [3]  # the MTP layer's experts
     (directory / shard_name(2, 3)).unlink()
     status, out = check(capsys, str(directory))
     assert status == 1
-    assert f"shard: {shard_name(2, 3)}: is named in the index but missing" in out
-    lost_experts = [name for name in lost if ".experts." in name]
-    assert lost_experts
-    for name in lost_experts:  # and what it held
-        assert f"missing: {name}: expected" in out
+    assert "2 of 3 headers read" in out
+    assert f"144 expected, {144 - len(lost_experts)} found" in out
+    assert "\nproblems    1: 1 shard\n" in out
+    assert (
+        f"\n  shard: {shard_name(2, 3)}: is named in the index but missing; the "
+        f"index puts {len(lost_experts)} routed-expert tensors in it (layer 3)\n"
+    ) in out
+    assert "missing: " not in out  # its tensors are that one problem
+
+
+# A config.json of Kimi-K3's published dimensions (96 heads, vocabulary 163840)
+RELEASED = KimiK3Spec.released()
 
 
 @pytest.mark.parametrize(
-    ("args", "expected"),
+    ("fmt", "args", "rule"),
     [
         (
-            ["--tp", "64"],
-            "moe_intermediate_size 3072 does not split evenly over 64 GPUs "
-            "(TP 64 x DP 1) in whole MXFP4 scale blocks of 32",
+            "mxfp4",
+            ["--tp", "24"],
+            "TP 24 does not divide Kimi-K3's vocabulary of 163840",
         ),
-        (["--tp", "8", "--dp", "5"], "over 40 GPUs (TP 8 x DP 5)"),
-        (["--tp", "3", "--ep"], "8 routed experts do not split evenly over 3"),
+        (
+            "mxfp4",
+            ["--tp", "5"],
+            "num_attention_heads 96 does not split evenly over tensor-parallel size 5",
+        ),
+        (
+            "mxfp4",
+            ["--tp", "32", "--dp", "2"],
+            "moe_intermediate_size 3072 does not split evenly over 64 GPUs "
+            "(TP 32 x DP 2) in whole MXFP4 scale blocks of 32",
+        ),
+        (
+            "mxfp4",
+            ["--tp", "32", "--dp", "3", "--ep"],
+            "896 routed experts do not split evenly over 96 expert-parallel GPUs",
+        ),
+        (
+            "fp8-block",
+            ["--tp", "8", "--dp", "2"],
+            "fp8-block at TP 8 x DP 2: each of the 16 GPUs would hold 192 of every "
+            "expert's 3072 rows, which splits FP8's 128-row blocks",
+        ),
     ],
 )
-def test_a_topology_that_does_not_divide_the_model_is_a_problem(
-    args, expected, write, capsys
+def test_check_refuses_a_topology_as_plan_does_before_reading_shards(
+    fmt, args, rule, tmp_path, capsys
 ) -> None:
-    status, out = check(capsys, str(write()), *args)
-    assert status == 1
-    assert expected in out
-    assert "does not divide the model" in out
+    """One validation, one line, exit 2. The directory holds config.json
+    only: had check gone on to the shards, it would say there are none."""
+    config = RELEASED.config()
+    if fmt != "mxfp4":  # the released config's is MXFP4's
+        config["quantization_config"] = QUANTIZATION_CONFIGS[fmt]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    refusals = []
+    for command in (
+        ["plan", "--config", str(tmp_path / "config.json"), "--quantization", fmt],
+        ["check", str(tmp_path)],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, *args])
+        assert exit_info.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        refusals.append(captured.err)
+    plan_refusal, check_refusal = refusals
+    assert check_refusal == plan_refusal.replace(" plan: ", " check: ", 1)
+    assert check_refusal.startswith("vllm-kimi-k3-moe check: error: ")
+    assert rule in check_refusal
+    assert len(check_refusal.splitlines()) == 1
 
 
 def test_expert_parallel_share(write, capsys) -> None:
@@ -279,6 +357,10 @@ def test_other_compressed_tensors_mxfp4_formats_take_vllms_ct_path(
 
 def no_directory(directory: Path) -> Path:
     return directory / "nowhere"
+
+
+def a_file(directory: Path) -> Path:
+    return directory / "config.json"
 
 
 def no_config(directory: Path) -> Path:
@@ -338,6 +420,11 @@ def test_a_text_only_checkpoint_is_read_under_model_layers(write, capsys) -> Non
     config_path.write_text(json.dumps(flat))
     status, out = check(capsys, str(directory))
     assert status == 1
+    assert out.splitlines()[0] == (  # the cause, first
+        "MISMATCH    config.json has no text_config, so vLLM's Kimi-K3 loader reads "
+        "the experts as model.layers.N.block_sparse_moe.experts.E.*, but the "
+        "checkpoint names them language_model.layers.N.block_sparse_moe.experts.E.*"
+    )
     assert "missing: model.layers.1.block_sparse_moe.experts.0.w1.weight_packed" in out
     assert f"unexpected: {GATE}: " in out
 
@@ -346,6 +433,7 @@ def test_a_text_only_checkpoint_is_read_under_model_layers(write, capsys) -> Non
     ("make_input", "expected"),
     [
         (no_directory, "does not exist"),
+        (a_file, "config.json is a file, not a checkpoint directory"),
         (no_config, "config.json does not exist"),
         (int8_channel, "int-quantized with 8-bit int channel weights; check knows"),
         (fp8, "quantization_config.quant_method 'fp8'; check knows"),
@@ -379,12 +467,18 @@ def test_a_bad_moe_backend_is_refused_before_reading_shards(
 
 
 def test_moe_backend_adds_vllms_own_allocation(kimi_model, write, capsys) -> None:
-    status, out = check(capsys, str(write()), "--moe-backend", "marlin")
+    directory = str(write())
+    status, out = check(capsys, directory, "--moe-backend", "marlin")
     assert status == 0
     assert (
         "on marlin, by vLLM 0.33.0's own layer: 128 intermediate rows per expert "
         "with this plugin (upstream 256)"
     ) in out
+    status, out = check(capsys, directory, "--moe-backend", "marlin", "--json")
+    assert status == 0
+    allocation = json.loads(out)["allocation"]  # stdout is the JSON alone
+    assert allocation["backend"] == "marlin"
+    assert allocation["intermediate_per_rank"] == {"plugin": 128, "upstream": 256}
 
 
 def test_header_only_checkpoints_are_what_safetensors_reads(tmp_path, capsys) -> None:

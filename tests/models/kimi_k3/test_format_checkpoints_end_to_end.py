@@ -2,7 +2,9 @@
 (``ModelConfig`` reads its ``config.json``, ``DefaultModelLoader`` streams the
 shards, Kimi-K3's name mapping reaches each rank's loader) into every rank of
 TP8, TP16, TP32 and an expert-parallel deployment: the ranks' valid regions
-give back every routed-expert tensor bit for bit."""
+give back every routed-expert tensor bit for bit. Which rows each rank holds
+is what the format's record says (``CheckpointFormat.rank_rows``, which
+``check`` prints): were it not what vLLM loads, the pieces would not fit."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from tests.models.kimi_k3.format_checkpoints import (
     write_format_checkpoint_with_data,
 )
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
+from vllm_kimi_k3_moe.formats import recognise
 from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
 from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
 from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
@@ -62,17 +66,13 @@ def parameter(experts: nn.Module, projection: str, suffix: str) -> torch.Tensor:
     return getattr(experts, f"{'w2' if projection == 'w2' else 'w13'}_{suffix}")
 
 
-def rows_held(experts: nn.Module, rank: int, tp_size: int) -> tuple[int, int]:
-    """Checkpoint intermediate rows [start, end) this TP rank holds: an even
-    slice, or whole blocks of its partition (FP8 block-aligned loading)."""
-    config = experts.moe_config
-    step = (
-        experts.intermediate_size_per_partition
-        if config.tp_shard_with_padding
-        else INTERMEDIATE // tp_size
-    )
-    start = min(rank * step, INTERMEDIATE)
-    return start, min(start + step, INTERMEDIATE)
+def rows_held(fmt: str, rank: int, tp_size: int) -> tuple[int, int]:
+    """Checkpoint intermediate rows [start, end) TP rank ``rank`` holds, as
+    the format's record (vLLM-free) says: an even slice, or whole blocks of
+    its partition (FP8 block-aligned loading: at TP32 ranks 0-23 128 rows
+    each, 24-31 none)."""
+    recognised = recognise(QUANTIZATION_CONFIGS[fmt], None, "config.json")
+    return recognised.rank_rows(INTERMEDIATE, tp_size)[rank]
 
 
 def valid_region(experts, projection, suffix, checkpoint_tensor, rows, local_expert):
@@ -125,17 +125,28 @@ def assert_per_tensor_values(fmt, tensors, experts_of) -> None:
                 assert same_bits(value.reshape(expected.shape), expected), name
 
 
-@pytest.mark.parametrize("tp_size", [8, 16, 32])
+# Without expert parallelism vLLM shards every expert over TP x DP GPUs (GPU
+# r of that group: TP rank r % TP of DP rank r // TP), as check says; at
+# TP16 x DP2 FP8 blocks are loaded whole over all 32 (ranks 0-23 one each).
+TOPOLOGIES = [Topology(8), Topology(16), Topology(32), Topology(16, dp_size=2)]
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda t: t.label())
 def test_tp_ranks_give_back_every_expert_tensor(
-    checkpoint, tp_size, moe_layers_only_model, kimi_model
+    checkpoint, topology, moe_layers_only_model, kimi_model
 ):
     fmt, directory, tensors = checkpoint
+    tp_size = topology.moe_group
     ranks = [
         load_rank(
             moe_layers_only_model,
             kimi_model,
             directory,
-            Rank(Topology(tp_size), tp_rank=r),
+            Rank(
+                topology,
+                tp_rank=r % topology.tp_size,
+                dp_rank=r // topology.tp_size,
+            ),
         )
         for r in range(tp_size)
     ]
@@ -150,7 +161,7 @@ def test_tp_ranks_give_back_every_expert_tensor(
                         projection,
                         suffix,
                         expected,
-                        rows_held(experts, rank, tp_size),
+                        rows_held(fmt, rank, tp_size),
                         expert,
                     )
                     for rank, experts in enumerate(ranks)

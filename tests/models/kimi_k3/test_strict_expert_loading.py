@@ -113,6 +113,37 @@ def test_malformed_tensor_is_refused_before_any_copy(
 
 
 @on_both_quantization_paths
+@pytest.mark.parametrize(
+    ("projection", "suffix", "shape", "dtype", "stored"),
+    [
+        ("w1", "weight", (3072, 128), torch.bfloat16, "BF16"),  # cast into bytes
+        ("w2", "weight_scale", (256, 96), torch.float8_e4m3fn, "F8_E4M3"),
+        ("w3", "weight", (3072, 128), torch.int8, "I8"),
+    ],
+)
+def test_wrong_dtype_is_refused_before_any_copy(
+    build_kimi_moe, checkpoint, quantization, projection, suffix, shape, dtype, stored
+):
+    """Right shape, wrong dtype: upstream's copy_ would cast it value by value
+    into the packed MXFP4 bytes."""
+    experts = build(build_kimi_moe, quantization)
+    load_checkpoint(experts, {k: v for k, v in checkpoint.items() if k[0] != 2})
+    before = snapshot(experts)
+    bad = torch.full(shape, 7).to(dtype)
+
+    with pytest.raises(ValueError) as raised:
+        load_checkpoint(experts, {(2, projection, suffix): bad})
+
+    message = str(raised.value)
+    assert message.startswith(
+        f"Kimi-K3 checkpoint tensor {checkpoint_name(2, projection, suffix)} "
+        "(expert 2, loaded into "
+    )
+    assert f"has dtype {stored} ({dtype}), expected U8 in MXFP4; " in message
+    assert_unchanged(experts, before)
+
+
+@on_both_quantization_paths
 def test_duplicated_tensor_is_refused_before_any_copy(
     build_kimi_moe, checkpoint, quantization
 ):

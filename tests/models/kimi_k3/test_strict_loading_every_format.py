@@ -13,8 +13,9 @@ from vllm_kimi_k3_moe.tools.topology import Topology
 
 F8 = torch.float8_e4m3fn
 # Checkpoint tensors of one expert at hidden 256 and intermediate 3072, per
-# format: (projection, suffix, shape, dtype). Projections w1/w3 are
-# [3072, 256] and w2 [256, 3072] before packing or grouping.
+# format: (suffix, w1/w3 shape, w2 shape, dtype). Projections w1/w3 are
+# [3072, 256] and w2 [256, 3072] before packing or grouping; per-tensor
+# values (global scales, a stored shape) last.
 FORMATS = {
     "fp8-block": (
         "triton",  # float8 weights, one scale per 128 x 128 block
@@ -24,17 +25,22 @@ FORMATS = {
     "nvfp4": (
         "flashinfer_cutedsl",  # FP4 two per byte, float8 scale per 16
         [("weight_packed", (3072, 128), (256, 1536), torch.uint8),
-         ("weight_scale", (3072, 16), (256, 192), F8)],
+         ("weight_scale", (3072, 16), (256, 192), F8),
+         ("weight_global_scale", (1,), (1,), torch.float32),
+         ("input_global_scale", (1,), (1,), torch.float32)],
     ),
     "modelopt-nvfp4": (
         "flashinfer_cutedsl",  # the same, under ModelOpt's names
         [("weight", (3072, 128), (256, 1536), torch.uint8),
-         ("weight_scale", (3072, 16), (256, 192), F8)],
+         ("weight_scale", (3072, 16), (256, 192), F8),
+         ("weight_scale_2", (), (), torch.float32),
+         ("input_scale", (), (), torch.float32)],
     ),
     "w4a16": (
         "marlin",  # eight int4 per int32, one scale per 32
         [("weight_packed", (3072, 32), (256, 384), torch.int32),
-         ("weight_scale", (3072, 8), (256, 96), torch.bfloat16)],
+         ("weight_scale", (3072, 8), (256, 96), torch.bfloat16),
+         ("weight_shape", (2,), (2,), torch.int64)],
     ),
     "bf16": ("triton", [("weight", (3072, 256), (256, 3072), torch.bfloat16)]),
     "ct-mxfp4": (

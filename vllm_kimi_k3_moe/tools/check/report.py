@@ -1,13 +1,26 @@
-"""What ``vllm-kimi-k3-moe check`` prints for a ``PreflightReport``."""
+"""What ``vllm-kimi-k3-moe check`` prints for a ``PreflightReport``: one screen.
+
+The cause first when there is one (expert tensors in another format, or
+under other names, than ``config.json`` says), then the summary of the
+checkpoint and of each GPU's share, then the problems grouped: counts per
+kind and per shard, a few of each kind and how many more (``--all``: every
+one), and the verdict last. However broken the checkpoint, that is about 40
+lines.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
-
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats.layouts import PROJECTIONS
-from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport, layer_ranges
+from vllm_kimi_k3_moe.tools.check.layout import layer_ranges
+from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport
+from vllm_kimi_k3_moe.tools.check.problems import Problem, ProblemLog
+from vllm_kimi_k3_moe.tools.check.sharding import ShareRun, row_runs
 from vllm_kimi_k3_moe.tools.plan.planner import MoeMemoryPlan
+
+EXAMPLES = 3  # problems shown per kind without --all
+SHARDS_SHOWN = 3  # shards named in the per-shard summary
+INDENT = " " * 12  # continuation lines, under the values
 
 
 def _bytes(count: int) -> str:
@@ -17,45 +30,91 @@ def _bytes(count: int) -> str:
     return f"{count} bytes"
 
 
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def headline(report: PreflightReport) -> list[str]:
+    """The cause, before anything else, when one explains the problems."""
+    return [f"MISMATCH    {report.mismatch}"] if report.mismatch else []
+
+
 def summary(report: PreflightReport) -> list[str]:
     layout = report.layout
     main, mtp = layout.main_layers, layout.mtp_layers
     suffixes = layout.format.tensors.suffixes
     per_expert = len(PROJECTIONS) * len(suffixes)
-    expected = len(layout.layers) * layout.num_experts * per_expert
-    lines = [
+    return [
         f"checkpoint  {report.directory}",
         f"format      {layout.format.name}; vLLM loads its experts with "
         f"{layout.format.loads_as}",
-        f"shards      {report.shards} headers read (no tensor data), "
-        f"{_bytes(report.total_bytes)} referenced, {_bytes(report.expert_bytes)} "
-        "of it routed experts",
+        f"shards      {report.headers_read} of {report.shards} headers read (no "
+        f"tensor data), {_bytes(report.total_bytes)} referenced, "
+        f"{_bytes(report.expert_bytes)} of it routed experts",
         f"layers      {len(main)} MoE layers ({layer_ranges(main)})"
         + (f" + {len(mtp)} MTP ({layer_ranges(mtp)})" if mtp else ""),
         f"experts     {layout.num_experts} per layer x {per_expert} tensors "
-        f"(w1, w3, w2 x {', '.join(suffixes)}): {expected} expected, "
-        f"{report.expert_tensors_checked} found and checked",
+        f"(w1, w3, w2 x {', '.join(suffixes)}): "
+        f"{report.expert_tensors_expected} expected, "
+        f"{report.expert_tensors_found} found and checked",
+        *per_gpu(report),
     ]
-    share = report.share
+
+
+def per_gpu(report: PreflightReport) -> list[str]:
+    """What each GPU loads: one line for an even split, a line per run of
+    GPUs with the same rows where the format's split is not even."""
+    layout, shares = report.layout, report.shares
     topology = report.parallelism.label("sentence")
-    if share is None:
-        lines.append(f"per GPU     {topology}: does not divide the model (below)")
-    elif share.expert_parallel:
-        lines.append(
-            f"per GPU     {topology}: {share.experts} of {layout.num_experts} "
-            f"experts (GPU r: experts {share.experts}r to {share.experts}r+"
-            f"{share.experts - 1}), all {share.intermediate} intermediate rows; "
-            f"{_bytes(share.expert_bytes)} of routed-expert checkpoint data"
-        )
-    else:
-        lines.append(
-            f"per GPU     {topology}: all {share.experts} experts, "
-            f"{share.intermediate} of {layout.intermediate} intermediate rows "
-            f"each (GPU r: rows {share.intermediate}r to {share.intermediate}r+"
-            f"{share.intermediate - 1}); {_bytes(share.expert_bytes)} of "
+    if report.parallelism.expert_parallel:
+        n = shares[0].experts[1] - shares[0].experts[0]
+        return [
+            f"per GPU     {topology}: {n} of {layout.num_experts} experts (GPU r: "
+            f"experts {n}r to {n}r+{n - 1}), all {layout.intermediate} "
+            f"intermediate rows; {_bytes(shares[0].expert_bytes)} of routed-expert "
+            "checkpoint data"
+        ]
+    runs = row_runs(shares)
+    if len(runs) == 1:
+        run = runs[0]
+        return [
+            f"per GPU     {topology}: all {layout.num_experts} experts, "
+            f"{_rows(run, layout.intermediate)}; {_bytes(run.expert_bytes)} of "
             "routed-expert checkpoint data"
-        )
-    return lines
+        ]
+    rule = layout.format.row_split_rule or "the format's split of the rows"
+    return [
+        f"per GPU     {topology}: all {layout.num_experts} experts, {rule} of each:",
+        *(
+            f"{INDENT}{_gpus(run)}: "
+            + (
+                "none of the experts' rows"
+                if run.count == 0
+                else f"{_rows(run, layout.intermediate)}; "
+                f"{_bytes(run.expert_bytes)} of routed-expert checkpoint data"
+                + (" each" if run.last > run.first else "")
+            )
+            for run in runs
+        ),
+    ]
+
+
+def _gpus(run: ShareRun) -> str:
+    if run.first == run.last:
+        return f"GPU {run.first}"
+    return f"GPUs {run.first}-{run.last}"
+
+
+def _rows(run: ShareRun, intermediate: int) -> str:
+    """ "96 of 3072 intermediate rows each (GPU r: rows 96r to 96r+95)"."""
+    n = run.count
+    if run.first == run.last:
+        return f"rows {run.start} to {run.start + n - 1} ({n} of {intermediate})"
+    if run.start == n * run.first:
+        where = f"rows {n}r to {n}r+{n - 1}"
+    else:
+        where = f"rows {run.start}+{n}(r-{run.first}) onwards, {n} of them"
+    return f"{n} of {intermediate} intermediate rows each (GPU r: {where})"
 
 
 def allocation(plan: MoeMemoryPlan) -> list[str]:
@@ -71,18 +130,76 @@ def allocation(plan: MoeMemoryPlan) -> list[str]:
     ]
 
 
+def problem_lines(problems: ProblemLog, show_all: bool = False) -> list[str]:
+    """Counts per kind and per shard, then each kind's first problems and
+    how many more (every one with ``show_all``)."""
+    if not problems:
+        return []
+    counts = problems.counts()
+    lines = [
+        f"problems    {len(problems)}: "
+        + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    ]
+    shards = problems.shards_by_count()
+    shown = shards[: _shown(len(shards), SHARDS_SHOWN, show_all)]
+    for index, (shard, kinds) in enumerate(shown):
+        label = "by shard    " if index == 0 else INDENT
+        lines.append(f"{label}{shard}: {_shard_counts(kinds)}")
+    if len(shards) > len(shown):
+        more = _plural(len(shards) - len(shown), "more shard")
+        lines.append(f"{INDENT}and {more} with problems")
+    for kind, found in problems.by_kind.items():
+        lines += _examples(kind, found, show_all)
+    return lines
+
+
+def _shard_counts(kinds: dict[str, int]) -> str:
+    return ", ".join(
+        "unreadable, incomplete or missing" if kind == "shard" else f"{n} {kind}"
+        for kind, n in kinds.items()
+    )
+
+
+def _shown(count: int, limit: int, show_all: bool) -> int:
+    """How many of ``count`` to list: all if asked, or if only one more
+    than ``limit`` (it takes the line that would say "and 1 more")."""
+    return count if show_all or count <= limit + 1 else limit
+
+
+def _examples(kind: str, found: list[Problem], show_all: bool) -> list[str]:
+    limit = _shown(len(found), EXAMPLES, show_all)
+    lines = [f"  {problem}" for problem in found[:limit]]
+    if len(found) > limit:
+        lines.append(
+            f"  ... and {len(found) - limit} more {kind} problems (--all lists "
+            "every one)"
+        )
+    return lines
+
+
 def verdict(report: PreflightReport) -> list[str]:
     problems = report.problems
     if not problems:
         return [
             "OK          every routed-expert tensor is present once, with its "
-            "format's dtype and shape, and the topology divides the model"
+            "format's dtype and shape, and vLLM builds this topology"
         ]
-    counts = Counter(problem.kind for problem in problems)
-    kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    fix = (
+        f"make {report.layout.declared_in} declare the format the expert tensors "
+        "are in (first line)"
+        if report.mismatch
+        else "fix the checkpoint"
+    )
     return [
-        f"{len(problems)} problem{'s' if len(problems) > 1 else ''} ({kinds}):",
-        *(f"  {problem}" for problem in problems),
-        f"FAILED      {len(problems)} problem{'s' if len(problems) > 1 else ''}: "
-        "fix the checkpoint (or the topology) before launching vLLM",
+        f"FAILED      {_plural(len(problems), 'problem')}: {fix} before launching vLLM"
+    ]
+
+
+def report_lines(report: PreflightReport, show_all: bool = False) -> list[str]:
+    """Everything but vLLM's allocation, in order."""
+    return [
+        *headline(report),
+        *summary(report),
+        *problem_lines(report.problems, show_all),
+        *verdict(report),
     ]

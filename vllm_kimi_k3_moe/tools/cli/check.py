@@ -10,19 +10,30 @@ from typing import TYPE_CHECKING
 
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FORMATS
+from vllm_kimi_k3_moe.tools.check.json_report import as_json
 from vllm_kimi_k3_moe.tools.check.preflight import (
     PreflightInputError,
     PreflightReport,
     preflight,
 )
-from vllm_kimi_k3_moe.tools.check.report import allocation, summary, verdict
+from vllm_kimi_k3_moe.tools.check.report import (
+    allocation,
+    headline,
+    problem_lines,
+    summary,
+    verdict,
+)
 from vllm_kimi_k3_moe.tools.cli.common import (
     add_dp_and_ep,
     fail,
     positive_int,
     quiet_vllm,
 )
-from vllm_kimi_k3_moe.tools.plan.planner import PlanError, plan_deployment
+from vllm_kimi_k3_moe.tools.plan.planner import (
+    MoeMemoryPlan,
+    PlanError,
+    plan_deployment,
+)
 from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Topology
 
 if TYPE_CHECKING:
@@ -35,22 +46,28 @@ def add_command(commands: Subcommands) -> None:
         help="preflight a Kimi-K3 checkpoint before the first launch",
         description=(
             "Verify, from config.json and the safetensors shard headers only "
-            "(never the tensor data; about 2 s for a release-sized header set), "
+            "(never the tensor data; under 2 s for a release-sized header set), "
             "that every routed expert of every MoE layer (MTP draft included) "
             "has each of its gate/up/down tensors in the checkpoint's format "
             "(for example MXFP4's weight_packed and weight_scale), present once, "
-            "with the format's dtype and logical shape, under the names vLLM's "
-            "Kimi-K3 loader maps, and that the topology splits the experts "
-            "evenly. Prints a summary, each GPU's share and every problem with "
-            "the tensor name and what was expected. Formats: "
-            f"{', '.join(f.title for f in FORMATS)}."
+            "with the format's dtype and logical shape (the contract the "
+            "plugin's strict loader holds each tensor to), under the names "
+            "vLLM's Kimi-K3 loader maps, and that vLLM can build the topology "
+            "(the rules plan applies). Prints one screen: the cause first when "
+            "the expert tensors are in another format than config.json "
+            "declares, a summary, what each GPU loads, then the problems "
+            "counted per kind and per shard with a few of each (--all: every "
+            "one). Formats: "
+            f"{'; '.join(f.title for f in FORMATS)}."
         ),
         epilog=(
-            "Exit status: 0 no problem, 1 problems found (listed), 2 unusable "
-            "input (no such directory, no config.json or shards, a quantization "
-            "format check does not know, an unknown --moe-backend for the "
-            "format, a config.json without the attention fields --moe-backend "
-            "needs, or another bad option value)."
+            "Exit status: 0 clean; 1 problems found (listed); 2 unusable input, "
+            "one line on stderr, before any shard is read: no such "
+            "directory, a file instead of a directory, no config.json or "
+            "shards, a quantization format check does not know, a topology "
+            "vLLM cannot build (as plan refuses it), an unknown --moe-backend "
+            "for the format, a config.json without the attention fields "
+            "--moe-backend needs, or another bad option value."
         ),
     )
     check.add_argument(
@@ -78,6 +95,18 @@ def add_command(commands: Subcommands) -> None:
         "model on the meta device as plan does (imports vLLM: about 15 s "
         "more). Names as for plan --moe-backend",
     )
+    check.add_argument(
+        "--all",
+        dest="show_all",
+        action="store_true",
+        help="list every problem, not a few of each kind",
+    )
+    check.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object instead (the summary, every problem and "
+        "each GPU's share), for CI; same exit status",
+    )
     check.set_defaults(run=run)
 
 
@@ -86,20 +115,24 @@ def run(args: argparse.Namespace) -> int:
         args.tp_size, dp_size=args.dp_size, expert_parallel=args.expert_parallel
     )
     backend = None if args.moe_backend is None else args.moe_backend.lower()
-    try:  # refuses an unknown backend before reading the shards
+    try:  # refuses what it cannot use before reading the shards
         report = preflight(args.checkpoint, parallelism, backend)
     except PreflightInputError as error:
         fail("check", str(error))
-    print("\n".join(summary(report)), flush=True)
-    # A topology that does not divide the model has no layer to build; the
-    # verdict lists it as a problem.
-    if backend is not None and report.share is not None:
-        _print_vllm_allocation(report, backend)
-    print("\n".join(verdict(report)))
-    return 1 if report.problems else 0
+    if args.json:
+        plan = None if backend is None else _vllm_allocation(report, backend)
+        # as text: sys.stdout may be a stream without a binary buffer
+        print(as_json(report, plan).decode(), end="", flush=True)
+        return report.status
+    # The summary first: building vLLM's model takes a while.
+    print("\n".join([*headline(report), *summary(report)]), flush=True)
+    if backend is not None:
+        print("\n".join(allocation(_vllm_allocation(report, backend))))
+    print("\n".join([*problem_lines(report.problems, args.show_all), *verdict(report)]))
+    return report.status
 
 
-def _print_vllm_allocation(report: PreflightReport, backend: str) -> None:
+def _vllm_allocation(report: PreflightReport, backend: str) -> MoeMemoryPlan:
     """check --moe-backend: what vLLM allocates for the checkpoint's
     deployment, upstream and with the plugin (imports vLLM)."""
     print(f"building vLLM's Kimi-K3 model for {backend} ...", file=sys.stderr)
@@ -113,7 +146,6 @@ def _print_vllm_allocation(report: PreflightReport, backend: str) -> None:
     assert report.layout.language_model is not None  # read with --moe-backend
     try:
         with quiet_vllm():
-            plan = plan_deployment(report.layout.language_model, deployment)
-        print("\n".join(allocation(plan.moe)))
+            return plan_deployment(report.layout.language_model, deployment).moe
     except (DeploymentError, PlanError) as error:
         fail("check", str(error))

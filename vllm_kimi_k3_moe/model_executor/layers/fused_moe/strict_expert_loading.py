@@ -10,27 +10,32 @@ Replaces
     MTP draft) in a format the registry knows (``vllm_kimi_k3_moe.formats``:
     MXFP4 native and compressed-tensors, FP8 block, NVFP4 compressed-tensors
     and ModelOpt, INT4 W4A16, BF16) it replaces the ``weight_loader``
-    attribute of each TP-sharded expert weight and scale parameter
-    (upstream: the bound ``RoutedExperts.weight_loader``) and the layer's
+    attribute of each expert parameter a checkpoint tensor of the format
+    loads into: the TP-sharded weights and scales, and the per-tensor
+    values (NVFP4 global and input scales, W4A16 ``weight_shape``)
+    (upstream: the bound ``RoutedExperts.weight_loader``), and the layer's
     ``quant_method.process_weights_after_loading``. Both are instance
-    attributes; no other vLLM class or model is touched. Per-tensor scales
-    (NVFP4 global scales, W4A16 ``weight_shape``) load as upstream.
+    attributes; no other vLLM class or model is touched.
 Why
     vLLM 0.33.0's generic expert loader narrows or partially copies
     wrong-sized checkpoint tensors without a word (an intermediate of 2048,
     3000 or 4096 instead of 3072 loads "fine"), and nothing notices an expert
     tensor that was never loaded: the layer then serves zeros or garbage for
-    that expert.
+    that expert. Nor does it look at dtypes: ``copy_`` casts, so an NVFP4
+    ``weight_packed`` stored as bfloat16 is written value by value into the
+    packed bytes.
 How
-    Before upstream's loader runs, the checkpoint tensor's shape is compared
-    with the logical expert shape of its format (w1/w3
+    Before upstream's loader runs, the checkpoint tensor is held to its
+    format's tensor contract (``formats.layouts.TensorContract``, the one
+    ``check`` holds shard headers to): the logical expert shape (w1/w3
     ``[moe_intermediate_size, hidden]``, w2 ``[hidden, moe_intermediate_size]``,
-    packed or grouped as the format stores them); a mismatch raises
-    ``ValueError`` naming the checkpoint tensor by its key in the checkpoint
+    packed or grouped as the format stores them) and the dtypes the format
+    stores it in. A breach raises ``ValueError`` naming the checkpoint tensor
+    by its key in the checkpoint
     (``vllm_kimi_k3_moe.model_executor.model_loader.default_loader``), the
-    expert and both shapes, before any byte is copied. Valid tensors are
-    handed on as they are. Each slice (expert x projection x TP-sharded
-    suffix) written on this rank is recorded;
+    expert, and the shapes or dtypes expected and found, before any byte is
+    copied. Valid tensors are handed on as they are. Each slice (expert x
+    projection x suffix) written on this rank is recorded;
     a second write raises before copying. Just before the quantization method
     post-processes the layer, slices never written raise ``ValueError``
     listing them. A layer that received no expert tensor at all is left alone
@@ -61,7 +66,11 @@ import torch
 from torch import nn
 
 from vllm_kimi_k3_moe.formats import format_of_method
-from vllm_kimi_k3_moe.formats.layouts import ExpertTensorLayout
+from vllm_kimi_k3_moe.formats.layouts import (
+    ExpertTensors,
+    TensorContract,
+    safetensors_dtype,
+)
 from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
     checkpoint_key_of,
 )
@@ -106,13 +115,13 @@ class ExpertSlice:
 
 
 class StrictExpertLoading:
-    """Shape checks and a write ledger for one Kimi-K3 ``RoutedExperts``."""
+    """Tensor contracts and a write ledger for one Kimi-K3 ``RoutedExperts``."""
 
     def __init__(
         self,
         experts: nn.Module,
         moe_intermediate_size: int,
-        format_name: str,
+        tensors: ExpertTensors,
         load: ModelLoad,
     ) -> None:
         self.experts = experts
@@ -120,9 +129,13 @@ class StrictExpertLoading:
         self.layer_name: str = experts.layer_name
         self.hidden_size: int = experts.moe_config.hidden_dim_unpadded
         self.intermediate_size = moe_intermediate_size
-        self.format_name = format_name
-        # (projection, layout) of every checkpoint tensor an expert has here
-        self.expert_tensors: list[tuple[str, ExpertTensorLayout]] = []
+        self.format_name = tensors.label
+        # (projection, checkpoint suffix) -> what that tensor must be
+        self.contracts: dict[tuple[str, str], TensorContract] = tensors.contracts(
+            self.hidden_size, moe_intermediate_size
+        )
+        # (projection, suffix) of every checkpoint tensor an expert has here
+        self.expert_tensors: list[tuple[str, str]] = []
         self.written: set[ExpertSlice] = set()
         # What this layer's keys start with in the checkpoint, once seen.
         self.checkpoint_prefix = f"{self.layer_name}."
@@ -134,9 +147,9 @@ class StrictExpertLoading:
     def is_local(self, expert_id: int) -> bool:
         return bool(self.experts.expert_map_manager.is_local_expert(expert_id))
 
-    def loader_for(self, layout: ExpertTensorLayout) -> Callable[..., Any]:
-        """The ``weight_loader`` for the expert parameter whose checkpoint
-        tensors are laid out as ``layout``."""
+    def loader_for(self, suffix: str) -> Callable[..., Any]:
+        """The ``weight_loader`` for the expert parameter the checkpoint
+        tensors ``<projection>.<suffix>`` load into."""
 
         def weight_loader(
             param: nn.Parameter,
@@ -146,12 +159,12 @@ class StrictExpertLoading:
             expert_id: int,
             return_success: bool = False,
         ) -> bool | None:
-            expert_slice = ExpertSlice(expert_id, shard_id, layout.suffix)
+            expert_slice = ExpertSlice(expert_id, shard_id, suffix)
             # This model is loaded through the loader (on an EP rank, maybe
             # none of its own experts): every layer is then held to the check.
             self.load.started = True
             self.learn_checkpoint_prefix(expert_slice, loaded_weight)
-            self.check_shape(expert_slice, layout, loaded_weight, weight_name)
+            self.check_contract(expert_slice, loaded_weight, weight_name)
             local = self.is_local(expert_id)
             if local and expert_slice in self.written:
                 raise ValueError(
@@ -180,32 +193,45 @@ class StrictExpertLoading:
         if key is not None and key.endswith(f".{expert_slice}"):
             self.checkpoint_prefix = key[: -len(str(expert_slice))]
 
-    def check_shape(
+    def check_contract(
         self,
         expert_slice: ExpertSlice,
-        layout: ExpertTensorLayout,
         loaded_weight: torch.Tensor,
         weight_name: str,
     ) -> None:
-        expected = layout.shape(
-            expert_slice.projection, self.hidden_size, self.intermediate_size
+        """Refuse, before anything is written, a tensor whose shape or dtype
+        breaks its contract (the dtype as safetensors names it: what the
+        shard header says, and what ``check`` compares)."""
+        contract = self.contracts[(expert_slice.projection, expert_slice.suffix)]
+        dtype = safetensors_dtype(str(loaded_weight.dtype))
+        breaches = contract.breaches(tuple(loaded_weight.shape), dtype)
+        if not breaches:
+            return
+        what = []
+        for breach in breaches:
+            if breach.kind == "shape":
+                what.append(
+                    f"has shape {breach.found}, expected {breach.expected} for "
+                    f"moe_intermediate_size={self.intermediate_size} and expert "
+                    f"hidden size {self.hidden_size}"
+                )
+            else:
+                what.append(
+                    f"has dtype {breach.found} ({loaded_weight.dtype}), expected "
+                    f"{breach.expected}"
+                )
+        raise ValueError(
+            f"Kimi-K3 checkpoint tensor {self.checkpoint_name(expert_slice)} "
+            f"(expert {expert_slice.expert_id}, loaded into {weight_name}) "
+            f"{' and '.join(what)} in {self.format_name}; nothing was written."
         )
-        actual = tuple(loaded_weight.shape)
-        if actual != expected:
-            raise ValueError(
-                f"Kimi-K3 checkpoint tensor {self.checkpoint_name(expert_slice)} "
-                f"(expert {expert_slice.expert_id}, loaded into {weight_name}) has "
-                f"shape {actual}, expected {expected} for moe_intermediate_size="
-                f"{self.intermediate_size} and expert hidden size "
-                f"{self.hidden_size} in {self.format_name}."
-            )
 
     def expected_slices(self) -> set[ExpertSlice]:
         """Every slice this rank must receive: its local experts' tensors."""
         local = [e for e in range(self.experts.global_num_experts) if self.is_local(e)]
         return {
-            ExpertSlice(expert, projection, layout.suffix)
-            for projection, layout in self.expert_tensors
+            ExpertSlice(expert, projection, suffix)
+            for projection, suffix in self.expert_tensors
             for expert in local
         }
 
@@ -240,18 +266,17 @@ def _describe(missing: list[ExpertSlice], max_experts: int = 16) -> str:
     return "; ".join(shown)
 
 
-def expert_layouts(method: Any) -> tuple[str, dict[str, ExpertTensorLayout]] | None:
-    """The checkpoint format of ``method``'s experts (as errors name it) and,
-    per expert parameter suffix (``w13_<suffix>``), the layout of the
-    checkpoint tensors it loads; None for a method no known format is
-    loaded by."""
+def expert_layouts(method: Any) -> tuple[ExpertTensors, dict[str, str]] | None:
+    """The checkpoint tensors of ``method``'s experts in their format and,
+    per expert parameter suffix (``w13_<suffix>``), the checkpoint suffix of
+    the tensors it loads; None for a method no known format is loaded by."""
     fmt = format_of_method(method)
     if fmt is None:
         return None
     tensors = fmt.tensors_of_method(method)
-    return tensors.label, {
-        fmt.parameter_suffixes.get(layout.suffix, layout.suffix): layout
-        for layout in tensors.sharded
+    return tensors, {
+        fmt.parameter_suffixes.get(suffix, suffix): suffix
+        for suffix in tensors.suffixes
     }
 
 
@@ -266,27 +291,27 @@ def make_expert_loading_strict(
         if isinstance(experts, RoutedExperts):
             known = expert_layouts(experts.quant_method)
             if known is not None:
-                format_name, layouts_by_suffix = known
+                tensors, checkpoint_suffixes = known
                 loading = StrictExpertLoading(
-                    experts, moe_intermediate_size, format_name, model_load(vllm_config)
+                    experts, moe_intermediate_size, tensors, model_load(vllm_config)
                 )
-                _install(experts, loading, layouts_by_suffix)
+                _install(experts, loading, checkpoint_suffixes)
 
 
 def _install(
     experts: nn.Module,
     loading: StrictExpertLoading,
-    by_parameter_suffix: dict[str, ExpertTensorLayout],
+    checkpoint_suffixes: dict[str, str],
 ) -> None:
     for name, param in experts.named_parameters(recurse=False):
         match = _EXPERT_PARAMETER.fullmatch(name)
-        if match is None or match.group(2) not in by_parameter_suffix:
+        if match is None or match.group(2) not in checkpoint_suffixes:
             continue
-        stem, suffix = match.groups()
-        layout = by_parameter_suffix[suffix]
+        stem, parameter_suffix = match.groups()
+        suffix = checkpoint_suffixes[parameter_suffix]
         projections = ("w1", "w3") if stem == "w13" else ("w2",)
-        loading.expert_tensors += [(projection, layout) for projection in projections]
-        param.weight_loader = loading.loader_for(layout)
+        loading.expert_tensors += [(projection, suffix) for projection in projections]
+        param.weight_loader = loading.loader_for(suffix)
 
     quant_method = experts.quant_method
     process_weights = quant_method.process_weights_after_loading

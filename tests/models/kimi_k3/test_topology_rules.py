@@ -1,0 +1,51 @@
+"""``validate_topology`` (what ``plan`` and ``check`` refuse up front) refuses
+exactly the MoE shardings vLLM 0.33.0, with the plugin, cannot build: rank 0
+of each, in every published format, built by vLLM's own layers."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_kimi_k3_moe.formats import format_named
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology, validate_topology
+
+# Without expert parallelism, 8 to 32 GPUs sharing every expert (whole scale
+# groups of every format), with and without vLLM's model-level padding (TP16
+# and up): where FP8's 128-row blocks are split (192 or 96 rows per GPU)
+# only the padded ones build.
+TOPOLOGIES = [
+    Topology(tp, dp_size=dp)
+    for tp, dp in [
+        (8, 1), (16, 1), (32, 1),  # 384, 192, 96 rows per GPU
+        (1, 8), (2, 4), (4, 2),  # 384: whole blocks
+        (8, 2), (4, 4), (2, 8), (1, 16),  # 192, no model-level padding
+        (8, 4), (4, 8), (1, 32),  # 96, none
+        (16, 2),  # 96, padded at model level
+    ]
+]  # fmt: skip
+FORMATS = {
+    "mxfp4": "marlin",
+    "ct-mxfp4": "marlin",
+    "fp8-block": "triton",
+    "nvfp4": "flashinfer_cutedsl",
+    "modelopt-nvfp4": "marlin",
+    "w4a16": "marlin",
+    "bf16": "triton",
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_refused_exactly_where_vllm_cannot_build(format_experts, fmt):
+    for topology in TOPOLOGIES:
+        try:
+            validate_topology(KIMI_K3_TEXT_CONFIG, topology, format_named(fmt))
+            refusal = None
+        except DeploymentError as error:
+            refusal = str(error)
+        try:
+            format_experts(fmt, FORMATS[fmt], topology)
+            built = None
+        except ValueError as error:
+            built = str(error)
+        assert (refusal is None) == (built is None), (topology.label(), refusal, built)

@@ -1,0 +1,92 @@
+"""``check --json``: the report for CI, as one JSON object on stdout.
+
+Keys: ``checkpoint``, ``status`` (the exit status: 0 clean, 1 problems),
+``headline`` (the cause, or null), ``format``, ``topology``, ``shards``,
+``bytes``, ``layers``, ``expert_tensors``, ``per_gpu`` (per GPU of the MoE
+group: ``experts`` and ``rows`` as half-open [start, end) ranges and the
+routed-expert checkpoint bytes it loads), ``summary`` (problems per kind
+and per shard), ``problems`` (every one: kind, subject, detail, shard) and,
+with ``--moe-backend``, ``allocation``. Encoded by msgspec: a release-sized
+checkpoint with every expert tensor wrong is about a million problems.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport
+from vllm_kimi_k3_moe.tools.plan.planner import MoeMemoryPlan
+
+
+def as_dict(report: PreflightReport) -> dict[str, Any]:
+    layout, topology, problems = report.layout, report.parallelism, report.problems
+    return {
+        "checkpoint": str(report.directory),
+        "status": report.status,
+        "headline": report.mismatch,
+        "format": {
+            "name": layout.format.format.name,
+            "recognised_as": layout.format.name,
+            "declared_in": layout.declared_in,
+            "loads_as": layout.format.loads_as,
+        },
+        "topology": {
+            "tp_size": topology.tp_size,
+            "dp_size": topology.dp_size,
+            "expert_parallel": topology.expert_parallel,
+            "gpus": topology.gpus,
+        },
+        "shards": {"in_checkpoint": report.shards, "headers_read": report.headers_read},
+        "bytes": {
+            "referenced": report.total_bytes,
+            "routed_experts": report.expert_bytes,
+        },
+        "layers": {"moe": layout.main_layers, "mtp": layout.mtp_layers},
+        "expert_tensors": {
+            "per_expert": [key for key, _ in layout.contracts()],
+            "expected": report.expert_tensors_expected,
+            "found": report.expert_tensors_found,
+        },
+        "per_gpu": [
+            {
+                "gpu": share.gpu,
+                "experts": list(share.experts),
+                "rows": list(share.rows),
+                "routed_expert_bytes": share.expert_bytes,
+            }
+            for share in report.shares
+        ],
+        "summary": {
+            "problems": len(problems),
+            "by_kind": problems.counts(),
+            "by_shard": {
+                shard: dict(kinds) for shard, kinds in problems.shards_by_count()
+            },
+        },
+        "problems": list(problems),
+    }
+
+
+def allocation_dict(plan: MoeMemoryPlan) -> dict[str, Any]:
+    totals = plan.all_moe_layers
+    return {
+        "backend": plan.deployment.backend,
+        "moe_layers": plan.moe_layers,
+        "intermediate_per_rank": {
+            "plugin": plan.fixed.intermediate_per_rank,
+            "upstream": plan.upstream.intermediate_per_rank,
+        },
+        "routed_bytes_per_gpu": {
+            "plugin": totals["fixed_routed_bytes"],
+            "upstream": totals["upstream_routed_bytes"],
+        },
+    }
+
+
+def as_json(report: PreflightReport, plan: MoeMemoryPlan | None = None) -> bytes:
+    document = as_dict(report)
+    if plan is not None:
+        document["allocation"] = allocation_dict(plan)
+    return msgspec.json.encode(document) + b"\n"  # Problems are Structs

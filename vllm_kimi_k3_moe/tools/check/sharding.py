@@ -1,0 +1,98 @@
+"""What each GPU of a topology loads of the routed experts, with the plugin.
+
+Under expert parallelism GPU r of the MoE group (TP x DP GPUs, which vLLM
+flattens) holds whole experts n*r to n*r+n-1. Without it every GPU holds
+every expert, and of each the intermediate rows its format's record says
+(``CheckpointFormat.rank_rows``): an even slice, or for FP8 block whole
+128-row blocks (TP32: GPUs 0-23 one block each, 24-31 none). The test suite
+holds those rows to what vLLM's loader puts on each rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_kimi_k3_moe.tools.check.layout import KimiK3Layout
+from vllm_kimi_k3_moe.tools.topology import Topology
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """What one GPU of the MoE group loads: experts [first, end) and, of
+    each, intermediate rows [start, end); the checkpoint bytes that is."""
+
+    gpu: int
+    experts: tuple[int, int]
+    rows: tuple[int, int]
+    expert_bytes: int
+
+    @property
+    def row_count(self) -> int:
+        return self.rows[1] - self.rows[0]
+
+
+def gpu_shares(
+    layout: KimiK3Layout, topology: Topology, expert_bytes: int
+) -> list[GpuShare]:
+    """Each GPU's share of the routed experts (``expert_bytes`` of them in
+    the checkpoint), for the topology ``validate_topology`` let through."""
+    experts, intermediate = layout.num_experts, layout.intermediate
+    group = topology.moe_group
+    if topology.expert_parallel:
+        per_gpu = topology.experts_per_gpu(experts)
+        return [
+            GpuShare(
+                gpu,
+                (gpu * per_gpu, (gpu + 1) * per_gpu),
+                (0, intermediate),
+                expert_bytes * per_gpu // experts,
+            )
+            for gpu in range(group)
+        ]
+    return [
+        GpuShare(
+            gpu,
+            (0, experts),
+            (start, end),
+            expert_bytes * (end - start) // intermediate,
+        )
+        for gpu, (start, end) in enumerate(layout.format.rank_rows(intermediate, group))
+    ]
+
+
+@dataclass(frozen=True)
+class ShareRun:
+    """Consecutive GPUs first..last holding the same number of rows, GPU r
+    from row ``start + count * (r - first)``."""
+
+    first: int
+    last: int
+    start: int
+    count: int
+    expert_bytes: int  # each
+
+
+def row_runs(shares: list[GpuShare]) -> list[ShareRun]:
+    """``shares`` (without expert parallelism) as runs of equal slices."""
+    runs: list[ShareRun] = []
+    for share in shares:
+        if runs:
+            run = runs[-1]
+            next_start = run.start + run.count * (share.gpu - run.first)
+            if share.row_count == run.count and (
+                share.rows[0] == next_start or run.count == 0
+            ):
+                runs[-1] = ShareRun(
+                    run.first, share.gpu, run.start, run.count, run.expert_bytes
+                )
+                continue
+        runs.append(
+            ShareRun(
+                share.gpu,
+                share.gpu,
+                share.rows[0],
+                share.row_count,
+                share.expert_bytes,
+            )
+        )
+    return runs
