@@ -93,11 +93,17 @@ QUANTIZATION_CONFIGS[UNCOVERED_FORMAT] = _compressed_tensors(
 PUBLISHED_FORMATS = tuple(f for f in QUANTIZATION_CONFIGS if f != UNCOVERED_FORMAT)
 
 
+# One directory for every format's config.json, removed when the process
+# exits (TemporaryDirectory's finalizer), so that no session leaves any behind.
+_MODEL_DIRS = tempfile.TemporaryDirectory(prefix="kimi-k3-formats-")
+
+
 @functools.cache
 def format_model_dir(fmt: str) -> Path:
     """A weightless model directory: Kimi-K3's published text config with
     ``fmt``'s experts-only quantization config (written once a session)."""
-    directory = Path(tempfile.mkdtemp(prefix=f"kimi-k3-{fmt}-"))
+    directory = Path(_MODEL_DIRS.name) / fmt
+    directory.mkdir()
     return write_model_dir(
         KIMI_K3_TEXT_CONFIG, QUANTIZATION_CONFIGS[fmt], Serving(), directory
     )
