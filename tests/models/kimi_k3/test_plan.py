@@ -12,10 +12,11 @@ import pytest
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import MXFP4_FORMATS
-from vllm_kimi_k3_moe.tools.cli import main
+from vllm_kimi_k3_moe.tools.cli import build_parser, main
+from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS, KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment
+from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
@@ -268,6 +269,32 @@ def test_bad_input_is_one_line_and_exit_2(capsys, arguments, words):
     assert len(err.strip().splitlines()) == 1, err
     for word in words:
         assert word in err
+
+
+@pytest.mark.parametrize(
+    ("arguments", "noted", "serving"),
+    [
+        (["--max-model-len", "1000"], "--max-model-len", Serving(max_model_len=1000)),
+        (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype", Serving("fp8")),
+        (["--kv-cache-dtype", "fp8", "--json"], None, Serving("fp8")),
+        (
+            ["--max-model-len", "1000", "--gpu", "h20"],
+            None,
+            Serving(max_model_len=1000),
+        ),
+        ([], None, Serving()),
+    ],
+)
+def test_kv_options_without_a_gpu_size_are_noted(capsys, arguments, noted, serving):
+    """Without a GPU size the table has no KV cache: the KV options still
+    reach the JSON and the serve commands, and the table says it ignores them."""
+    args = build_parser().parse_args(["plan", "--tp", "8", *arguments])
+    assert _plan_input(args).serving == serving
+    err = capsys.readouterr().err
+    if noted is None:
+        assert err == ""
+    else:
+        assert noted in err and "GPU size" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize(

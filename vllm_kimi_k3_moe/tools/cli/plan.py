@@ -151,15 +151,15 @@ def add_command(commands: Subcommands) -> None:
     plan.add_argument(
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
-        default="auto",
-        help="vLLM's --kv-cache-dtype: auto (bfloat16) or fp8 (default: auto)",
+        help="vLLM's --kv-cache-dtype: auto (bfloat16) or fp8 (default: auto); "
+        "the table shows the KV cache with a GPU size",
     )
     plan.add_argument(
         "--max-model-len",
         type=positive_int,
-        default=DEFAULT_MAX_MODEL_LEN,
         metavar="N",
-        help=f"vLLM's --max-model-len, in tokens (default: {DEFAULT_MAX_MODEL_LEN})",
+        help=f"vLLM's --max-model-len, in tokens (default: {DEFAULT_MAX_MODEL_LEN}); "
+        "the table shows the KV cache with a GPU size",
     )
     plan.add_argument(
         "--gpu-memory-utilization",
@@ -248,6 +248,26 @@ def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
     return budget, title
 
 
+def _note_kv_options_unused(args: argparse.Namespace) -> None:
+    """The KV-cache options change the JSON (its serve commands and
+    ``kv_cache_per_gpu``) but not a table without a GPU size: say so rather
+    than ignore them silently."""
+    given = [
+        option
+        for option, value in (
+            ("--kv-cache-dtype", args.kv_cache_dtype),
+            ("--max-model-len", args.max_model_len),
+        )
+        if value is not None
+    ]
+    if given:
+        print(
+            f"plan: note: {' and '.join(given)} size the KV cache, which the "
+            "table shows with a GPU size (--gpu NAME or --gpu-memory-gib X)",
+            file=sys.stderr,
+        )
+
+
 def _plan_input(args: argparse.Namespace) -> PlanInput:
     """Every input error ends the command here, before vLLM is imported."""
     try:
@@ -257,8 +277,13 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             else read_language_model_config(args.config)
         )
         budget, gpu_title = _budget(args)
+        if budget is None and not args.json:
+            _note_kv_options_unused(args)
+        default = Serving()
         serving = Serving(
-            args.kv_cache_dtype, args.max_model_len, args.language_model_only
+            args.kv_cache_dtype or default.kv_cache_dtype,
+            args.max_model_len or default.max_model_len,
+            args.language_model_only,
         )
         validate_serving(serving)
         backend = args.moe_backend.lower()
