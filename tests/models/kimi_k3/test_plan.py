@@ -247,6 +247,7 @@ BAD_INPUT = [
     # 896 / 64 = 14 experts per GPU, but 96 heads do not split over TP64
     ("tp not dividing the heads", ["--tp", "64", "--ep"], ["96", "64", "heads"]),
     ("unknown kv cache dtype", ["--kv-cache-dtype", "fp4"], ["'fp4'"]),
+    ("kv option and a bad tp", ["--max-model-len", "1000", "--tp", "7"], ["heads"]),
     (
         "backend not for the format",
         ["--quantization", "w4a16", "--moe-backend", "triton"],

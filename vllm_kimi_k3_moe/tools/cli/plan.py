@@ -262,7 +262,8 @@ def _note_kv_options_unused(args: argparse.Namespace) -> None:
     ]
     if given:
         print(
-            f"plan: note: {' and '.join(given)} size the KV cache, which the "
+            f"plan: note: {' and '.join(given)} "
+            f"{'size' if len(given) > 1 else 'sizes'} the KV cache, which the "
             "table shows with a GPU size (--gpu NAME or --gpu-memory-gib X)",
             file=sys.stderr,
         )
@@ -277,8 +278,6 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             else read_language_model_config(args.config)
         )
         budget, gpu_title = _budget(args)
-        if budget is None and not args.json:
-            _note_kv_options_unused(args)
         default = Serving()
         serving = Serving(
             args.kv_cache_dtype or default.kv_cache_dtype,
@@ -333,6 +332,8 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             deployments = _buildable(text_config, deployments, args.tp_sizes is None)
     except (ConfigFileError, DeploymentError, BudgetError, GpuError) as error:
         fail("plan", str(error))
+    if budget is None and not args.json:  # after every error: those are one line
+        _note_kv_options_unused(args)
     return PlanInput(text_config, deployments, serving, budget, gpu_title)
 
 
