@@ -11,7 +11,7 @@ cannot disagree; which rows each GPU then loads is the format's
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any, Literal
 
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, KimiK3Format, format_named
@@ -99,6 +99,12 @@ class Deployment(Topology):
 
     backend: str = "marlin"
     quantization: str = "mxfp4"
+
+    @classmethod
+    def of(cls, topology: Topology, backend: str, quantization: str) -> Deployment:
+        """``topology`` served in ``quantization`` on ``backend``."""
+        sizes = {f.name: getattr(topology, f.name) for f in fields(Topology)}
+        return cls(**sizes, backend=backend, quantization=quantization)
 
     @property
     def format(self) -> KimiK3Format:

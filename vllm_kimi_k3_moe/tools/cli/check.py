@@ -136,12 +136,8 @@ def _vllm_allocation(report: PreflightReport, backend: str) -> MoeMemoryPlan:
     """check --moe-backend: what vLLM allocates for the checkpoint's
     deployment, upstream and with the plugin (imports vLLM)."""
     print(f"building vLLM's Kimi-K3 model for {backend} ...", file=sys.stderr)
-    deployment = Deployment(
-        tp_size=report.parallelism.tp_size,
-        dp_size=report.parallelism.dp_size,
-        expert_parallel=report.parallelism.expert_parallel,
-        backend=backend,
-        quantization=report.layout.format.format.name,
+    deployment = Deployment.of(
+        report.parallelism, backend, report.layout.format.format.name
     )
     assert report.layout.language_model is not None  # read with --moe-backend
     try:

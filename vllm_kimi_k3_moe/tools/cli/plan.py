@@ -218,6 +218,7 @@ class PlanInput:
     serving: Serving
     budget: GpuBudget | None
     gpu_title: str | None  # the preset's name, or the GiB given
+    backend: str  # --moe-backend, as vLLM spells it
 
 
 def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
@@ -334,7 +335,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         fail("plan", str(error))
     if budget is None and not args.json:  # after every error: those are one line
         _note_kv_options_unused(args)
-    return PlanInput(text_config, deployments, serving, budget, gpu_title)
+    return PlanInput(text_config, deployments, serving, budget, gpu_title, backend)
 
 
 def _buildable(
@@ -375,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
             with planner:
                 if args.gpus is not None:
                     plans, refused = planner.advise(
-                        args.gpus, args.quantization, args.moe_backend.lower()
+                        args.gpus, args.quantization, asked.backend
                     )
                 else:
                     plans, refused = [planner.plan(d) for d in asked.deployments], []
@@ -389,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
         fmt = format_named(args.quantization)
         title = (
             f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: {fmt.title} on "
-            f"{args.moe_backend.lower()}, {len(plans)} layouts vLLM builds, "
+            f"{asked.backend}, {len(plans)} layouts vLLM builds, "
             "GB = 10^9 bytes"
         )
         print(advice(plans, refused, title))

@@ -78,37 +78,6 @@ def pipeline_stages(num_layers: int, pp_size: int) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True)
-class _Sharding:
-    """What changes a rank's weights: the attention's TP, the MoE's group
-    (TP x DP, or with expert parallelism its experts), the format and kernel."""
-
-    tp_size: int
-    dp_size: int
-    expert_parallel: bool
-    quantization: str
-    backend: str
-
-    @classmethod
-    def of(cls, deployment: Deployment) -> _Sharding:
-        return cls(
-            deployment.tp_size,
-            deployment.dp_size,
-            deployment.expert_parallel,
-            deployment.quantization,
-            deployment.backend,
-        )
-
-    def deployment(self) -> Deployment:
-        return Deployment(
-            self.tp_size,
-            dp_size=self.dp_size,
-            expert_parallel=self.expert_parallel,
-            backend=self.backend,
-            quantization=self.quantization,
-        )
-
-
-@dataclass(frozen=True)
 class _Built:
     """One sharding's rank 0, upstream and fixed, and its KV-cache specs."""
 
@@ -138,7 +107,9 @@ class Planner:
         self.upstream_cls, self.fixed_cls = kimi_moe_classes()
         self._directory = tempfile.TemporaryDirectory(prefix="kimi-k3-config-")
         self._model_dirs: dict[tuple[str, bool], Path] = {}
-        self._builds: dict[_Sharding, _Built] = {}
+        # keyed by a deployment's sharding: the deployment without its pipeline
+        # stages, which change which layers a GPU holds, not how they are split
+        self._builds: dict[Deployment, _Built] = {}
 
     def close(self) -> None:
         self._directory.cleanup()
@@ -163,10 +134,9 @@ class Planner:
             )
         return self._model_dirs[key]
 
-    def _build(self, sharding: _Sharding, text_config: dict[str, Any]) -> Any:
-        """(upstream, fixed) ``RankBuild`` of ``sharding``'s rank 0, one
+    def _build(self, deployment: Deployment, text_config: dict[str, Any]) -> Any:
+        """(upstream, fixed) ``RankBuild`` of ``deployment``'s rank 0, one
         pipeline stage holding every layer of ``text_config``."""
-        deployment = sharding.deployment()
         serving = self.serving
         if text_config is not self.text_config:  # an MoE layer alone
             serving = replace(serving, language_model_only=True)
@@ -188,7 +158,7 @@ class Planner:
         TP and expert parallelism; with DP, whose MoE group is TP x DP, the
         MLPs alone under that group, in a two-layer model (a dense layer and
         an MoE layer; attention, embeddings and norms depend on TP alone)."""
-        sharding = _Sharding.of(deployment)
+        sharding = replace(deployment, pp_size=1)
         if sharding in self._builds:
             return self._builds[sharding]
         whole_sharding = replace(sharding, dp_size=1)
@@ -283,14 +253,7 @@ class Planner:
         fmt = format_named(quantization)
         plans, refused = [], []
         for topology in layouts(gpus, self.text_config, fmt):
-            deployment = Deployment(
-                topology.tp_size,
-                dp_size=topology.dp_size,
-                pp_size=topology.pp_size,
-                expert_parallel=topology.expert_parallel,
-                backend=backend,
-                quantization=quantization,
-            )
+            deployment = Deployment.of(topology, backend, quantization)
             try:
                 plans.append(self.plan(deployment))
             except (DeploymentError, PlanError) as error:

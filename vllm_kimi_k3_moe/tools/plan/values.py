@@ -117,10 +117,15 @@ class DeploymentPlan:
     def fixed(self) -> ModelAllocation:
         return _heaviest(self.stages, "fixed")
 
+    def kv(self, side: str) -> KvCapacity | None:
+        """The KV cache vLLM would allocate (``side``: upstream or fixed);
+        None without a GPU size."""
+        return self.upstream_kv if side == "upstream" else self.fixed_kv
+
     def fits(self, side: str) -> bool | None:
         """Whether vLLM would start (``side``: upstream or fixed); None
         without a GPU size."""
-        capacity = self.upstream_kv if side == "upstream" else self.fixed_kv
+        capacity = self.kv(side)
         return None if capacity is None else capacity.tokens > 0
 
     @property
@@ -130,7 +135,7 @@ class DeploymentPlan:
     def reason(self, side: str = "fixed") -> str | None:
         """Why it does not fit, in a few words; None when it fits or without
         a GPU size."""
-        capacity = self.upstream_kv if side == "upstream" else self.fixed_kv
+        capacity = self.kv(side)
         if capacity is None or capacity.tokens > 0 or self.budget is None:
             return None
         stage = f"stage {capacity.binding_stage} " if len(self.stages) > 1 else ""
