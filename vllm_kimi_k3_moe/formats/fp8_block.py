@@ -12,7 +12,6 @@ hold none).
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any
 
@@ -36,6 +35,7 @@ from vllm_kimi_k3_moe.formats.record import (
     PartitionRule,
     QuantizationScheme,
     RowRange,
+    config_with_partition,
     even_rows,
 )
 
@@ -159,9 +159,7 @@ def _accepts(method: Any, hidden: int, n: int) -> bool:
         pad_tp_shard_to_weight_blocks,
     )
 
-    config = copy.copy(method.moe)  # the check reads the partition from it
-    config.intermediate_size_per_partition = n
-    config.intermediate_size_per_partition_unpadded = n
+    config = config_with_partition(method, n)
     return not pad_tp_shard_to_weight_blocks(config, method.weight_block_size)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_kimi_k3_moe.formats import nvfp4
 from vllm_kimi_k3_moe.formats.compressed_tensors import (
     EVERYTHING_BUT_ROUTED_EXPERTS,
     compressed_tensors_config,
@@ -68,11 +69,11 @@ def _recognises_release(scheme: QuantizationScheme) -> CheckpointFormat | None:
 def _recognises_compressed_tensors(
     scheme: QuantizationScheme,
 ) -> CheckpointFormat | None:
+    bits, kind, _, group = weight_signature(scheme.expert_weights)
     if (
         scheme.quant_method != "compressed-tensors"
-        or scheme.ct_format in (RELEASE_FORMAT, "nvfp4-pack-quantized")
-        or weight_signature(scheme.expert_weights)[:2] != (4, "float")
-        or weight_signature(scheme.expert_weights)[3] != BLOCK
+        or scheme.ct_format in (RELEASE_FORMAT, nvfp4.COMPRESSED_TENSORS_FORMAT)
+        or (bits, kind, group) != (4, "float", BLOCK)
     ):
         return None
     name = f"compressed-tensors {scheme.ct_format} MXFP4"

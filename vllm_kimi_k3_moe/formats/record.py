@@ -50,6 +50,15 @@ class PartitionRule:
         return limit
 
 
+def config_with_partition(method: Any, n: int) -> Any:
+    """A copy of ``method``'s ``FusedMoEConfig`` with a per-rank partition of
+    ``n`` rows: vLLM's partition checks read the partition from it."""
+    config = copy.copy(method.moe)
+    config.intermediate_size_per_partition = n
+    config.intermediate_size_per_partition_unpadded = n
+    return config
+
+
 # A method whose ``maybe_roundup_sizes`` already rounds for its kernel.
 OWNS_ITS_PADDING = PartitionRule("the method's own maybe_roundup_sizes")
 

@@ -11,7 +11,6 @@ weight preparation: ``marlin_moe_padded_intermediate``).
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from vllm_kimi_k3_moe.formats.compressed_tensors import (
@@ -31,6 +30,7 @@ from vllm_kimi_k3_moe.formats.record import (
     KimiK3Format,
     PartitionRule,
     QuantizationScheme,
+    config_with_partition,
 )
 
 GROUP = 32  # input values per scale in the published conversions
@@ -84,9 +84,7 @@ def _accepts(method: Any, hidden: int, n: int) -> bool:
         return False  # create_weights: "... divisible by group_size"
     if method.wna16_backend.name not in MARLIN_BACKENDS:
         return True
-    config = copy.copy(method.moe)  # the check reads the partition from it
-    config.intermediate_size_per_partition = n
-    config.intermediate_size_per_partition_unpadded = n
+    config = config_with_partition(method, n)
     return check_moe_marlin_supports_config(config, group, allow_tile_padding=True)
 
 
