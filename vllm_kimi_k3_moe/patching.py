@@ -68,18 +68,17 @@ def unwrap_method(cls: type, name: str) -> None:
 
 def upstream_class(cls: type) -> type:
     """The class ``add_subclass_layer`` calls were stacked on."""
-    while LAYER in vars(cls):
-        cls = cls.__bases__[1]
-    return cls
+    return _unstack(cls)[0]
 
 
-def _layers(cls: type) -> list[type]:
-    """The bases put in front of ``upstream_class(cls)``, innermost first."""
+def _unstack(cls: type) -> tuple[type, list[type]]:
+    """The class the layers were stacked on, and the bases put in front of
+    it, innermost first."""
     layers = []
     while LAYER in vars(cls):
         layers.append(vars(cls)[LAYER])
         cls = cls.__bases__[1]
-    return layers[::-1]
+    return cls, layers[::-1]
 
 
 def _stack(module: ModuleType, name: str, upstream: type, layers: list[type]) -> None:
@@ -105,17 +104,17 @@ def add_subclass_layer(module: ModuleType, name: str, layer: type) -> None:
     current = getattr(module, name)
     if issubclass(current, layer):
         return
-    _stack(module, name, upstream_class(current), [*_layers(current), layer])
+    upstream, layers = _unstack(current)
+    _stack(module, name, upstream, [*layers, layer])
 
 
 def remove_subclass_layer(module: ModuleType, name: str, layer: type) -> None:
     """Undo ``add_subclass_layer(module, name, layer)``, keeping the other
     layers (idempotent)."""
-    current = getattr(module, name)
-    layers = _layers(current)
+    upstream, layers = _unstack(getattr(module, name))
     if layer in layers:
         layers.remove(layer)
-        _stack(module, name, upstream_class(current), layers)
+        _stack(module, name, upstream, layers)
 
 
 @contextmanager
