@@ -193,13 +193,3 @@ def verdict(report: PreflightReport) -> list[str]:
     return [
         f"FAILED      {_plural(len(problems), 'problem')}: {fix} before launching vLLM"
     ]
-
-
-def report_lines(report: PreflightReport, show_all: bool = False) -> list[str]:
-    """Everything but vLLM's allocation, in order."""
-    return [
-        *headline(report),
-        *summary(report),
-        *problem_lines(report.problems, show_all),
-        *verdict(report),
-    ]

@@ -62,7 +62,6 @@ class CheckpointTensors:
     shards: list[str]  # every shard vLLM would load (the index's, or the glob's)
     # tensor name -> the shard the index puts it in ({} without an index)
     weight_map: dict[str, str] = field(default_factory=dict)
-    headers_read: int = 0  # shards whose header was read (not missing, parseable)
     # name -> the tensor, as the first shard (in name order) holding it has it
     tensors: dict[str, HeaderTensor] = field(default_factory=dict)
     # name -> the shard ``tensors[name]`` was read from
@@ -76,6 +75,11 @@ class CheckpointTensors:
     total_bytes: int = 0  # the data every header read describes
     # of it, the bytes of ``tensors`` (a second copy of a name not counted)
     unique_bytes: int = 0
+
+    @property
+    def headers_read(self) -> int:
+        """Shards whose header was read (not missing, parseable)."""
+        return len(self.tensors_in)
 
 
 def _shard_names(directory: Path) -> tuple[list[str], dict[str, str]]:
@@ -157,7 +161,6 @@ def read_checkpoint_tensors(directory: Path) -> CheckpointTensors:
                 f"is not a readable safetensors file: {error}"
             )
             continue
-        checkpoint.headers_read += 1
         checkpoint.tensors_in[shard] = len(header)
         if size != needed:
             checkpoint.broken_shards[shard] = (

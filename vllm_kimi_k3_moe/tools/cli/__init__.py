@@ -17,7 +17,6 @@ and bad input ends with one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -59,7 +58,3 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
