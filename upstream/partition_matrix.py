@@ -46,7 +46,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from upstream import project_helpers as helpers
 
@@ -83,27 +82,6 @@ def ranks(topology: helpers.Topology) -> list[helpers.Topology]:
         for dp in range(topology.dp_size)
         for tp in range(topology.tp_size)
     ]
-
-
-class UninitialisedMemoryVisible(TorchFunctionMode):
-    """While active, CPU memory ``torch.empty`` hands out reads as POISON
-    bytes: a CPU often hands out zeroed pages, which would hide a pad
-    nobody zeroed. (A mode, not a replaced ``torch.empty``: torch's device
-    contexts recognise the constructors they place by identity.)"""
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
-        result = func(*args, **(kwargs or {}))
-        if (
-            func is torch.empty
-            and isinstance(result, torch.Tensor)
-            and result.device.type == "cpu"
-            and result.dim()
-            and result.is_contiguous()
-        ):
-            result.view(torch.uint8).fill_(POISON)
-        return result
 
 
 def form(model: Any) -> str:
@@ -150,7 +128,9 @@ def build_experts(
         set_current_vllm_config(vllm_config),
         set_default_torch_dtype(torch.bfloat16),
         torch.device("cpu" if small else "meta"),
-        UninitialisedMemoryVisible() if small else contextlib.nullcontext(),
+        helpers.uninitialised_memory_reads(POISON)
+        if small
+        else contextlib.nullcontext(),
     ):
         moe = model.KimiMoE(
             config,

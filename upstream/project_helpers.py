@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from tests.models.kimi_k3.format_checkpoints import FORMAT_TENSORS, tensor_data
+from tests.models.kimi_k3.gpu_stand_ins import uninitialised_memory_reads
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, nonzero_bytes
 from tests.models.kimi_k3.kimi_k3_formats import (
     PUBLISHED_FORMATS,
@@ -72,6 +73,7 @@ __all__ = [
     "nvfp4_tensors",
     "plugin_package",
     "simulated_rank",
+    "uninitialised_memory_reads",
 ]
 
 

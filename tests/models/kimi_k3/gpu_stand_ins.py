@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import Any
 from unittest import mock
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from vllm_kimi_k3_moe.patching import replaced_attributes
 
@@ -110,20 +112,38 @@ def moe_forward_on_cpu() -> Iterator[None]:
         yield
 
 
+class _FilledEmpty(TorchFunctionMode):
+    """Fills every contiguous CPU tensor ``torch.empty`` returns with one byte.
+    A mode, not a replaced ``torch.empty``: torch's device contexts recognise
+    the constructors they place by identity, and a replacement seen by the
+    first ``torch.device`` block of a process stays in torch's cache (a later
+    ``torch.device("meta")`` then no longer places ``torch.empty``)."""
+
+    def __init__(self, byte: int) -> None:
+        super().__init__()
+        self.byte = byte
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if (
+            func is torch.empty
+            and isinstance(result, Tensor)
+            and result.device.type == "cpu"
+            and result.dim()
+            and result.is_contiguous()
+        ):
+            result.view(torch.uint8).fill_(self.byte)
+        return result
+
+
 @contextmanager
 def uninitialised_memory_reads(byte: int) -> Iterator[None]:
     """``torch.empty`` on the CPU returns tensors whose bytes are ``byte``:
     what a GPU allocation may hold before anything is written (a CPU often
     hands out zeroed pages instead, which would hide a pad nobody wrote)."""
-    empty = torch.empty
-
-    def filled_empty(*args, **kwargs) -> Tensor:
-        tensor = empty(*args, **kwargs)
-        if tensor.device.type == "cpu" and tensor.dim() and tensor.is_contiguous():
-            tensor.view(torch.uint8).fill_(byte)
-        return tensor
-
-    with replaced_attributes(torch, empty=filled_empty):
+    with _FilledEmpty(byte):
         yield
 
 
