@@ -34,6 +34,9 @@ from tests.models.kimi_k3.test_fp8_block_and_nvfp4_loading import (
     CASES as PLACEMENTS,
 )
 from tests.models.kimi_k3.test_fp8_block_and_nvfp4_loading import (
+    IDS as PLACEMENT_IDS,
+)
+from tests.models.kimi_k3.test_fp8_block_and_nvfp4_loading import (
     expected_placement,
 )
 from tests.models.kimi_k3.test_never_worse_than_vllm_alone import (
@@ -44,9 +47,7 @@ from tests.models.kimi_k3.test_never_worse_than_vllm_alone import (
 from tests.models.kimi_k3.traced_checkpoint import (
     checkpoint_indices,
     digit_planes,
-    fp8_block_tensors,
     load_and_decode,
-    nvfp4_tensors,
 )
 from vllm_kimi_k3_moe.tools.build import rank as _rank
 from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
@@ -57,6 +58,7 @@ __all__ = [
     "ALIGNED_TOPOLOGIES",
     "PARTITIONS",
     "PLACEMENTS",
+    "PLACEMENT_IDS",
     "PUBLISHED_FORMATS",
     "TOPOLOGIES",
     "UNCOVERED_FORMAT",
@@ -66,11 +68,9 @@ __all__ = [
     "expected_placement",
     "expert_checkpoint",
     "format_vllm_config",
-    "fp8_block_tensors",
     "kimi_k3_text_config",
     "load_and_decode",
     "moe_kernels_on_their_gpu",
-    "nvfp4_tensors",
     "plugin_package",
     "simulated_rank",
     "uninitialised_memory_reads",

@@ -30,10 +30,6 @@ from upstream import project_helpers as helpers
 LOGICAL = 3072  # Kimi-K3's moe_intermediate_size
 HIDDEN = matrix.SMALL_HIDDEN  # latent width of the small CPU layers
 EXPERTS = matrix.SMALL_EXPERTS
-TENSORS = {  # traced checkpoint tensors per format, as the suite traces them
-    "fp8-block": helpers.fp8_block_tensors,
-    "nvfp4": helpers.nvfp4_tensors,
-}
 
 
 @pytest.fixture(scope="module")
@@ -129,26 +125,19 @@ def test_every_pad_is_zero_before_loading(model, fmt, backend, tp_size):
     assert checked
 
 
-def _traced(fmt: str):
-    tensors = TENSORS[fmt](HIDDEN, LOGICAL)
-    indices = helpers.checkpoint_indices(EXPERTS, tensors)
-    return indices, helpers.digit_planes(indices)
-
-
-PLACEMENT_IDS = [f"{fmt}-{backend}" for fmt, backend, *_ in helpers.PLACEMENTS]
-
-
 @pytest.mark.parametrize(
     ("fmt", "backend", "tensors", "partition", "held"),
     helpers.PLACEMENTS,
-    ids=PLACEMENT_IDS,
+    ids=helpers.PLACEMENT_IDS,
 )
 @pytest.mark.parametrize("rank_index", [0, 1, 2])
 def test_tp32_rank_holds_exactly_its_rows(
     model, fmt, backend, tensors, partition, held, rank_index
 ):
     rank = (0, 23, 31)[rank_index]
-    indices, planes = _traced(fmt)
+    # the checkpoint's tensors traced as the suite traces them
+    indices = helpers.checkpoint_indices(EXPERTS, tensors(HIDDEN, LOGICAL))
+    planes = helpers.digit_planes(indices)
 
     def make():
         layer = experts(model, fmt, backend, helpers.Topology(32, rank), small=True)
