@@ -26,7 +26,6 @@ def test_every_record_is_complete(fmt) -> None:
     assert fmt.title and fmt.loads_as and fmt.vllm_methods
     assert isinstance(fmt.partition_rule, PartitionRule)
     assert fmt.moe_backends and "auto" not in fmt.moe_backends
-    assert INTERMEDIATE % fmt.alignment == 0 and fmt.alignment_unit
     for unpacked, parameter in fmt.parameter_suffixes.items():
         assert unpacked != parameter
 
@@ -36,6 +35,7 @@ def test_each_published_config_is_recognised_as_its_format(fmt) -> None:
     recognised = recognise(fmt.published_quantization_config(), None, "config.json")
     assert recognised.format is fmt
     assert recognised.tensors.sharded  # something to load per projection
+    assert INTERMEDIATE % recognised.row_group == 0 and recognised.row_group_unit
 
 
 def test_names_are_unique_and_every_test_table_knows_each_format() -> None:
@@ -73,8 +73,22 @@ def test_fp8_block_ranks_load_whole_blocks(tp_size) -> None:
     assert fp8.rank_rows(INTERMEDIATE, tp_size) == FP8_BLOCK_ROWS[tp_size]
 
 
+# Groups of 128 (AWQ, GPTQ) split as FP8's blocks do.
+WHOLE_GROUPS_AT_TP32 = {"fp8-block", "awq", "gptq"}
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq"])
+def test_int_groups_of_128_load_whole_groups_as_fp8_blocks(fmt) -> None:
+    recognised = recognise(format_named(fmt).published_quantization_config(), None, "")
+    assert recognised.rank_rows(INTERMEDIATE, 32) == FP8_BLOCK_ROWS[32]
+    # experts split through data parallelism: TP8 x DP4 is 32 GPUs too
+    assert recognised.rank_rows(INTERMEDIATE, 8 * 4) == FP8_BLOCK_ROWS[32]
+
+
 @pytest.mark.parametrize(
-    "fmt", [f for f in FORMATS if f.name != "fp8-block"], ids=lambda f: f.name
+    "fmt",
+    [f for f in FORMATS if f.name not in WHOLE_GROUPS_AT_TP32],
+    ids=lambda f: f.name,
 )
 def test_other_formats_load_even_slices(fmt) -> None:
     recognised = recognise(fmt.published_quantization_config(), None, "")
@@ -84,3 +98,13 @@ def test_other_formats_load_even_slices(fmt) -> None:
         (192, 288),
     ]
     assert recognised.rank_rows(INTERMEDIATE, 32)[31] == (2976, 3072)
+
+
+def test_a_kernel_that_allocates_more_strides_by_its_allocation() -> None:
+    """Whole groups at the kernel's partition: MXFP4 over 64 GPUs (48 rows)
+    on Marlin, which allocates 128: GPUs 0-23 hold 128 rows, 24-63 none."""
+    release = recognise(format_named("mxfp4").published_quantization_config(), None, "")
+    assert release.rank_rows(INTERMEDIATE, 64)[:2] == [(0, 64), (64, 128)]
+    rows = release.rank_rows(INTERMEDIATE, 64, partition=128)
+    assert rows[:24] == [(128 * r, 128 * r + 128) for r in range(24)]
+    assert rows[24:] == [(3072, 3072)] * 40

@@ -7,9 +7,11 @@ plugin, or a patched vLLM copy with ``VLLM_PLUGINS=""``. vLLM's own
 takes part; the dump records which form it saw. Nothing here knows the
 plugin's machinery: it builds vLLM's ``KimiMoE`` as vLLM's module exposes it.
 
-Per case (format: each published Kimi-K3 checkpoint format; backend: every
-``--moe-backend`` but ``auto``; topology: the regression suite's nine, TP1 to
-TP32, TP16 x DP2 and TP32 with expert parallelism), the dump holds:
+Per case (format: each published Kimi-K3 checkpoint format and the integer
+groups beside them, ``project_helpers.MATRIX_FORMATS``; backend: every
+``--moe-backend`` but ``auto``; topology: the regression suite's ten, TP1 to
+TP32, TP16 x DP2 and TP8 x DP4 (experts split through data parallelism) and
+TP32 with expert parallelism), the dump holds:
 
 - rank 0's layer at Kimi-K3's real size on the ``meta`` device: the
   per-rank partition (``intermediate_size_per_partition``) or the error
@@ -63,22 +65,14 @@ def moe_backends() -> list[str]:
     return [name for name in typing.get_args(MoEBackend) if name != "auto"]
 
 
-def topology_label(topology: helpers.Topology) -> str:
-    ep = " EP" if topology.expert_parallel else ""
-    dp = f" DP{topology.dp_size}" if topology.dp_size > 1 else ""
-    return f"TP{topology.tp_size}{dp}{ep}"
-
-
 def case_key(fmt: str, backend: str, topology: helpers.Topology) -> str:
-    return f"{fmt} | {backend} | {topology_label(topology)}"
+    return f"{fmt} | {backend} | {topology.label()}"
 
 
-def ranks(topology: helpers.Topology) -> list[helpers.Topology]:
+def ranks(topology: helpers.Topology) -> list[helpers.Rank]:
     """Every rank of ``topology`` (TP x DP)."""
     return [
-        helpers.Topology(
-            topology.tp_size, tp, topology.dp_size, dp, topology.expert_parallel
-        )
+        helpers.Rank(topology, tp_rank=tp, dp_rank=dp)
         for dp in range(topology.dp_size)
         for tp in range(topology.tp_size)
     ]
@@ -98,21 +92,22 @@ def build_experts(
     model: Any,
     fmt: str,
     backend: str,
-    topology: helpers.Topology,
+    rank: helpers.Rank | helpers.Topology,
     *,
     small: bool,
 ) -> nn.Module:
-    """One rank's ``KimiMoE`` (``small``: on CPU at the small size, else on
-    ``meta`` at Kimi-K3's size), built as ``KimiDecoderLayer`` builds it;
-    returns its ``RoutedExperts``."""
+    """One rank's ``KimiMoE`` (a topology: its rank 0; ``small``: on CPU at
+    the small size, else on ``meta`` at Kimi-K3's size), built as
+    ``KimiDecoderLayer`` builds it; returns its ``RoutedExperts``."""
     from vllm.config import set_current_vllm_config
     from vllm.utils.torch_utils import set_default_torch_dtype
 
+    topology = rank.topology if isinstance(rank, helpers.Rank) else rank
     overrides: dict[str, Any] = {}
     if small:
         experts = SMALL_EXPERTS
         if topology.expert_parallel:
-            experts = max(experts, topology.tp_size * topology.dp_size)
+            experts = max(experts, topology.moe_group)
         overrides = {
             "hidden_size": 2 * SMALL_HIDDEN,
             "routed_expert_hidden_size": SMALL_HIDDEN,
@@ -122,9 +117,9 @@ def build_experts(
             "num_shared_experts": None,
         }
     config = helpers.kimi_k3_text_config(**overrides)
-    vllm_config = helpers.format_vllm_config(topology, fmt, backend)
+    vllm_config = helpers.format_vllm_config(rank, fmt, backend)
     with (
-        helpers.simulated_rank(topology),
+        helpers.simulated_rank(rank),
         set_current_vllm_config(vllm_config),
         set_default_torch_dtype(torch.bfloat16),
         torch.device("cpu" if small else "meta"),
@@ -177,7 +172,15 @@ def load(model: Any, experts: nn.Module, fmt: str) -> None:
 def _checkpoint(
     fmt: str, num_experts: int, hidden: int, intermediate: int
 ) -> dict[str, torch.Tensor]:
-    return helpers.expert_checkpoint(fmt, LAYER, num_experts, hidden, intermediate)
+    """Layer ``LAYER``'s routed experts in ``fmt``, seeded, never zero."""
+    spec = helpers.KimiK3Spec(
+        routed_expert_hidden_size=hidden,
+        moe_intermediate_size=intermediate,
+        num_experts=num_experts,
+        num_hidden_layers=LAYER + 1,
+        num_nextn_predict_layers=0,
+    )
+    return helpers.expert_checkpoint(spec, fmt)
 
 
 def _digest(items: list[Any]) -> str:
@@ -236,6 +239,7 @@ def kernel(method: Any) -> str:
         "fp8_backend",
         "nvfp4_backend",
         "wna16_backend",
+        "wna16_moe_backend",
         "unquantized_backend",
     ):
         backend = getattr(method, attribute, None)
@@ -308,7 +312,7 @@ def dump(
                         signature = loader_signature(rank0)
                     except Exception as error:
                         signature = _error(error)
-                    group = (fmt, topology_label(topology), signature)
+                    group = (fmt, topology.label(), signature)
                     if group not in loaded:
                         loaded[group] = (
                             backend,
@@ -316,7 +320,7 @@ def dump(
                         )
                     case["loaded_as"], case["ranks"] = loaded[group]
                 if progress:
-                    print(f"{fmt} {topology_label(topology)}", file=sys.stderr)
+                    print(f"{fmt} {topology.label()}", file=sys.stderr)
     return {
         "form": form(model),
         "vllm": str(Path(vllm.__file__).parent),
@@ -333,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--formats",
         nargs="+",
-        default=list(helpers.PUBLISHED_FORMATS),
-        help="checkpoint formats (default: every published one)",
+        default=list(helpers.MATRIX_FORMATS),
+        help="checkpoint formats (default: the published ones and integer groups)",
     )
     parser.add_argument("--backends", nargs="+", help="default: every --moe-backend")
     parser.add_argument("--progress", action="store_true")

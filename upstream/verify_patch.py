@@ -56,10 +56,13 @@ MADE_FOR = "0.33.0"  # the vLLM the patch was made against
 PLUGIN = "kimi_k3_moe"  # the plugin's vllm.general_plugins entry point
 STEP_TIMEOUT = 900  # seconds
 
+# B905 (zip without strict=) is not vLLM's: its own routed_experts.py, which
+# the patch touches, zips without it and passes vLLM's lint.
 VLLM_RUFF_CONFIG = """\
 line-length = 88
 [lint]
 select = ["E", "F", "W", "I", "UP", "B", "SIM"]
+ignore = ["B905"]
 [lint.isort]
 known-first-party = ["vllm"]
 """

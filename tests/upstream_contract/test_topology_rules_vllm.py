@@ -27,7 +27,7 @@ HIDDEN = KIMI_K3_TEXT_CONFIG["hidden_size"]
 
 def refused(topology: Topology, rule: str) -> bool:
     try:
-        validate_topology(KIMI_K3_TEXT_CONFIG, topology, mxfp4.RELEASE)
+        validate_topology(KIMI_K3_TEXT_CONFIG, topology)
     except DeploymentError as error:
         return rule in str(error)
     return False

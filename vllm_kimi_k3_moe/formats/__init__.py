@@ -1,13 +1,14 @@
 """The formats Kimi-K3 is published in: one record each, read by every consumer.
 
 Each format module (``mxfp4``, ``fp8_block``, ``nvfp4``, ``w4a16``,
-``bf16``) defines its record(s) (``record.KimiK3Format``): the one name the
-command line, JSON, tests and messages use, its display title, how its
-checkpoint's config is recognised, the vLLM methods that load its experts,
-its experts' checkpoint tensors, its partition rule, its alignment for
-topology checks, the ``--moe-backend`` names offered for it and its
-published ``quantization_config``. The serving patches (partition, strict
-loading) and the tools (``plan``, ``check``) look formats up here only.
+``auto_awq_gptq``, ``bf16``) defines its record(s) (``record.KimiK3Format``):
+the one name the command line, JSON, tests and messages use, its display
+title, how its checkpoint's config is recognised (by the parameters vLLM
+reads: bits, group size, symmetry), the vLLM methods that load its experts,
+its experts' checkpoint tensors, its partition rule, the ``--moe-backend``
+names offered for it and its published ``quantization_config``. The
+serving patches (partition, strict loading) and the tools (``plan``,
+``check``) look formats up here only.
 
 Adding a format: a module with its record and rule, a line in ``FORMATS``,
 and the tests that walk the registry (``tests/test_formats.py``) tell what
@@ -20,7 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_kimi_k3_moe.formats import bf16, fp8_block, mxfp4, nvfp4, w4a16
+from vllm_kimi_k3_moe.formats import (
+    auto_awq_gptq,
+    bf16,
+    fp8_block,
+    mxfp4,
+    nvfp4,
+    w4a16,
+)
 from vllm_kimi_k3_moe.formats.compressed_tensors import (
     expert_weights,
     weight_signature,
@@ -51,6 +59,8 @@ FORMATS: tuple[KimiK3Format, ...] = (
     nvfp4.COMPRESSED_TENSORS,
     nvfp4.MODELOPT,
     w4a16.W4A16,
+    auto_awq_gptq.AWQ,
+    auto_awq_gptq.GPTQ,
     bf16.BF16,
 )
 FORMAT_NAMES = tuple(f.name for f in FORMATS)
@@ -103,7 +113,11 @@ def _scheme(
                 where, f"no compressed-tensors group targets the experts ({fmt})"
             )
         return QuantizationScheme(method, fmt, weights)
-    return QuantizationScheme(method, quant_algo=quantization_config.get("quant_algo"))
+    return QuantizationScheme(
+        method,
+        quant_algo=quantization_config.get("quant_algo"),
+        config=quantization_config,
+    )
 
 
 def recognise(

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensorLayout, ExpertTensors
 from vllm_kimi_k3_moe.formats.record import (
-    OWNS_ITS_PADDING,
     CheckpointFormat,
     KimiK3Format,
     QuantizationScheme,
+    owns_its_padding,
 )
 
 TENSORS = ExpertTensors("BF16", (ExpertTensorLayout("weight", dtypes=("BF16",)),))
@@ -28,9 +28,7 @@ BF16 = KimiK3Format(
     title="BF16",
     vllm_methods=("UnquantizedFusedMoEMethod",),
     loads_as="UnquantizedFusedMoEMethod",
-    partition_rule=OWNS_ITS_PADDING,
-    alignment=1,
-    alignment_unit="rows",
+    partition_rule=owns_its_padding(),
     stored_as="unquantized BF16",
     moe_backends=("marlin", "triton", "batched_triton", "humming"),
     published_config=None,

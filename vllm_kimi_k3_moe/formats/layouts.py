@@ -60,16 +60,19 @@ class ExpertTensorLayout:
     input_per_element: int = 1  # input values per stored element (pack, group)
     output_per_element: int = 1  # output values per stored element (blocks)
     dtypes: tuple[str, ...] = ()  # safetensors dtypes it may have; () any
+    # stored input-first, [input, output] (AutoAWQ's and AutoGPTQ's layout)
+    transposed: bool = False
 
     def shape(self, projection: str, hidden: int, intermediate: int) -> tuple[int, int]:
         """Checkpoint shape of this tensor of ``projection``."""
         rows, cols = (
             (hidden, intermediate) if projection == "w2" else (intermediate, hidden)
         )
-        return (
+        shape = (
             math.ceil(rows / self.output_per_element),
             math.ceil(cols / self.input_per_element),
         )
+        return shape[::-1] if self.transposed else shape
 
 
 @dataclass(frozen=True)

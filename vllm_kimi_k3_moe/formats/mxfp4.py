@@ -21,15 +21,16 @@ from vllm_kimi_k3_moe.formats.compressed_tensors import (
 )
 from vllm_kimi_k3_moe.formats.layouts import SCALE, ExpertTensorLayout, ExpertTensors
 from vllm_kimi_k3_moe.formats.record import (
-    OWNS_ITS_PADDING,
     CheckpointFormat,
     KimiK3Format,
     PartitionRule,
     QuantizationScheme,
+    owns_its_padding,
 )
 
 VALUES_PER_BYTE = 2  # two 4-bit values per packed byte
 BLOCK = 32  # one E8M0 scale byte per 32 values
+BLOCK_UNIT = "MXFP4 scale blocks"
 RELEASE_FORMAT = "mxfp4-pack-quantized"
 
 # compressed-tensors' description of MXFP4 weights: FP4 in groups of 32
@@ -63,7 +64,9 @@ def _recognises_release(scheme: QuantizationScheme) -> CheckpointFormat | None:
     release = ("compressed-tensors", RELEASE_FORMAT)
     if (scheme.quant_method, scheme.ct_format) != release:
         return None
-    return CheckpointFormat(RELEASE, f"compressed-tensors {RELEASE_FORMAT}", TENSORS)
+    return CheckpointFormat(
+        RELEASE, f"compressed-tensors {RELEASE_FORMAT}", TENSORS, BLOCK, BLOCK_UNIT
+    )
 
 
 def _recognises_compressed_tensors(
@@ -77,7 +80,7 @@ def _recognises_compressed_tensors(
     ):
         return None
     name = f"compressed-tensors {scheme.ct_format} MXFP4"
-    return CheckpointFormat(COMPRESSED_TENSORS, name, TENSORS)
+    return CheckpointFormat(COMPRESSED_TENSORS, name, TENSORS, BLOCK, BLOCK_UNIT)
 
 
 def _compressed_tensors_accepts(method: Any, hidden: int, n: int) -> bool:
@@ -103,14 +106,16 @@ def _tensors(method: Any) -> ExpertTensors:
     return TENSORS
 
 
+def _block(method: Any) -> int:
+    return BLOCK
+
+
 RELEASE = KimiK3Format(
     name="mxfp4",
     title="native MXFP4 (the release)",
     vllm_methods=("Mxfp4MoEMethod",),
     loads_as="native MXFP4 (Mxfp4MoEMethod)",
-    partition_rule=OWNS_ITS_PADDING,
-    alignment=BLOCK,
-    alignment_unit="MXFP4 scale blocks",
+    partition_rule=owns_its_padding(_block),
     stored_as="MXFP4-packed",
     moe_backends=NATIVE_BACKENDS,
     published_config=compressed_tensors_config(
@@ -131,9 +136,8 @@ COMPRESSED_TENSORS = KimiK3Format(
     partition_rule=PartitionRule(
         "mxfp4_round_up_hidden_size_and_intermediate_size for its kernel",
         accepts=_compressed_tensors_accepts,
+        row_group=_block,
     ),
-    alignment=BLOCK,
-    alignment_unit="MXFP4 scale blocks",
     stored_as="MXFP4-packed",
     moe_backends=COMPRESSED_TENSORS_BACKENDS,
     published_config=compressed_tensors_config(

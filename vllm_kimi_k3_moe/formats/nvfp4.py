@@ -98,9 +98,16 @@ def _accepts(method: Any, hidden: int, n: int) -> bool:
     return (2 * n) % SWIZZLE_ROW_TILE == 0
 
 
+def _group(method: Any) -> int:
+    return GROUP
+
+
 RULE = PartitionRule(
-    "swizzle_blockscale row tiles on CUTLASS-family kernels", accepts=_accepts
+    "swizzle_blockscale row tiles on CUTLASS-family kernels",
+    accepts=_accepts,
+    row_group=_group,
 )
+GROUP_UNIT = "NVFP4 scale groups"
 
 
 def _recognises_compressed_tensors(
@@ -115,13 +122,17 @@ def _recognises_compressed_tensors(
         COMPRESSED_TENSORS,
         f"compressed-tensors {COMPRESSED_TENSORS_FORMAT}",
         COMPRESSED_TENSORS_TENSORS,
+        GROUP,
+        GROUP_UNIT,
     )
 
 
 def _recognises_modelopt(scheme: QuantizationScheme) -> CheckpointFormat | None:
     if (scheme.quant_method, scheme.quant_algo) != ("modelopt", "NVFP4"):
         return None
-    return CheckpointFormat(MODELOPT, "ModelOpt NVFP4", MODELOPT_TENSORS)
+    return CheckpointFormat(
+        MODELOPT, "ModelOpt NVFP4", MODELOPT_TENSORS, GROUP, GROUP_UNIT
+    )
 
 
 COMPRESSED_TENSORS = KimiK3Format(
@@ -130,8 +141,6 @@ COMPRESSED_TENSORS = KimiK3Format(
     vllm_methods=("CompressedTensorsW4A4Nvfp4MoEMethod",),
     loads_as="CompressedTensorsW4A4Nvfp4MoEMethod",
     partition_rule=RULE,
-    alignment=GROUP,
-    alignment_unit="NVFP4 scale groups",
     stored_as="NVFP4-packed (compressed-tensors names)",
     moe_backends=MOE_BACKENDS,
     published_config=compressed_tensors_config(
@@ -147,8 +156,6 @@ MODELOPT = KimiK3Format(
     vllm_methods=("ModelOptNvFp4FusedMoE",),
     loads_as="ModelOptNvFp4FusedMoE",
     partition_rule=RULE,
-    alignment=GROUP,
-    alignment_unit="NVFP4 scale groups",
     stored_as="NVFP4-packed (ModelOpt names)",
     moe_backends=MOE_BACKENDS,
     published_config={

@@ -7,47 +7,69 @@ checks call vLLM, importing it only when a layer is being built.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
 
-RoundUp = Callable[[int, int], int]  # (hidden, n) -> the method's own n'
+RoundUp = Callable[[int], int]  # n -> the method's own rounding of n
 RowRange = tuple[int, int]  # [start, end) of an expert's intermediate rows
-RowSplit = Callable[[int, int], list[RowRange]]  # (intermediate, ranks) -> per rank
-# (text config, TP size, GPUs sharing each expert) -> why vLLM cannot build
-# the format's experts sharded so, in one line, or None
-SplitRefusal = Callable[[dict[str, Any], int, int], str | None]
 
-# Partitions are searched in steps of the finest quantization group Kimi-K3
-# is published with (NVFP4: 16 values per scale).
+# Partitions that split no scale group are searched in steps of the finest
+# quantization group Kimi-K3 is published with (NVFP4: 16 values per scale).
 SEARCH_STEP = 16
+
+
+def _no_group(method: Any) -> int:
+    return 1
 
 
 @dataclass(frozen=True)
 class PartitionRule:
     """How one quantization method's kernel constrains the per-rank
     partition: ``accepts(method, hidden, n)`` calls the vLLM check that
-    enforces it; ``adopt(method)`` does what else the chosen partition needs."""
+    enforces it; ``row_group(method)`` is how many intermediate rows share
+    one scale (or zero point, or packed element) along the rows, so that a
+    GPU holding part of a group would need another GPU's scales."""
 
     name: str  # the vLLM check it calls, for the startup log
     accepts: Callable[[Any, int, int], bool] | None = None
-    adopt: Callable[[Any], None] | None = None
+    row_group: Callable[[Any], int] = _no_group
+    # vLLM's block-aligned loader gives a pad's scales 1, FP8's identity.
+    # Where a zero weight code is not a zero value (INT: 2^(bits-1) is), the
+    # pad's scales and zero points must stay 0 to dequantize to zero.
+    zero_pad_scales: bool = False
+    # Whether some kernel of the method allocates more than whole groups
+    # (MXFP4 Marlin: 128 rows where 64 would be whole blocks of 32): then a
+    # GPU's rows depend on the kernel (``rank_rows``' ``partition``).
+    kernel_may_allocate_more: bool = True
 
-    def smallest_partition(
-        self, method: Any, hidden: int, asked: int, round_up: RoundUp, limit: int
-    ) -> int:
-        """The smallest n >= ``asked`` (up to ``limit``) that the method's
-        own rounding leaves as it is and that ``accepts``; ``limit`` if none."""
-        n = asked
-        while n < limit:
-            if round_up(hidden, n) == n and (
+    def partitions(
+        self,
+        method: Any,
+        hidden: int,
+        start: int,
+        step: int,
+        limit: int,
+        round_up: RoundUp,
+    ) -> Iterator[int]:
+        """Every n from ``start`` to ``limit``, in steps of ``step``, that the
+        method's own rounding leaves as it is and that ``accepts``, smallest
+        first."""
+        n = start
+        while n <= limit:
+            if round_up(n) == n and (
                 self.accepts is None or self.accepts(method, hidden, n)
             ):
-                return n
-            n = (n // SEARCH_STEP + 1) * SEARCH_STEP
-        return limit
+                yield n
+            n = (n // step + 1) * step
+
+
+def owns_its_padding(row_group: Callable[[Any], int] = _no_group) -> PartitionRule:
+    """The rule of a method whose ``maybe_roundup_sizes`` already rounds for
+    its kernel."""
+    return PartitionRule("the method's own maybe_roundup_sizes", row_group=row_group)
 
 
 def config_with_partition(method: Any, n: int) -> Any:
@@ -59,8 +81,33 @@ def config_with_partition(method: Any, n: int) -> Any:
     return config
 
 
-# A method whose ``maybe_roundup_sizes`` already rounds for its kernel.
-OWNS_ITS_PADDING = PartitionRule("the method's own maybe_roundup_sizes")
+def whole_group_partition(share: int, group: int) -> int:
+    """The smallest partition of whole ``group``-row groups holding a GPU's
+    ``share`` of the rows: the share itself where the group divides it."""
+    return -(-share // group) * group
+
+
+def rank_rows(
+    intermediate: int, ranks: int, group: int = 1, partition: int | None = None
+) -> list[RowRange]:
+    """The rows [start, end) of every expert each of ``ranks`` GPUs loads
+    with the plugin (the GPUs that shard every expert: TP x DP x PCP without
+    expert parallelism; start == end: none). Where ``group`` divides the
+    even slice, that slice (vLLM's loader: [r*n, (r+1)*n) for n =
+    intermediate // ranks). Otherwise every GPU holds whole groups: vLLM's
+    block-aligned loader (``tp_shard_with_padding``) gives GPU r rows
+    [r*p, (r+1)*p) clipped to the checkpoint, p the allocated ``partition``
+    (by default the smallest of whole groups), so the first GPUs hold p rows
+    and the last ones none (groups of 128 over 32 GPUs: GPUs 0-23 128 rows
+    each, 24-31 none)."""
+    share = intermediate // ranks
+    if share % group == 0:
+        return [(rank * share, (rank + 1) * share) for rank in range(ranks)]
+    p = partition or whole_group_partition(share, group)
+    return [
+        (min(rank * p, intermediate), min((rank + 1) * p, intermediate))
+        for rank in range(ranks)
+    ]
 
 
 @dataclass(frozen=True)
@@ -72,14 +119,9 @@ class QuantizationScheme:
     # the weights of the compressed-tensors group that targets the experts
     expert_weights: dict[str, Any] | None = None
     quant_algo: str | None = None  # ModelOpt's
-
-
-def even_rows(intermediate: int, ranks: int) -> list[RowRange]:
-    """The rows each of ``ranks`` TP ranks loads of every expert: vLLM's
-    loader narrows the checkpoint to rank r's logical slice,
-    [r*n, (r+1)*n) for n = intermediate // ranks (``_load_w13``/``_load_w2``)."""
-    n = intermediate // ranks
-    return [(rank * n, (rank + 1) * n) for rank in range(ranks)]
+    # the whole quantization_config, for formats that keep their parameters
+    # at its top level (AutoAWQ, AutoGPTQ)
+    config: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,19 +131,27 @@ class CheckpointFormat:
     format: KimiK3Format
     name: str  # as check's summary names it, parameters included
     tensors: ExpertTensors
-    # which rows of every expert each TP rank loads, with the plugin, and
-    # why they are not an even slice where they are not (check says it)
-    row_split: RowSplit = even_rows
-    row_split_rule: str = ""
+    # intermediate rows per scale group (FP8: per block), and what those are
+    # called ("FP8 blocks"): a GPU holds whole groups (``rank_rows``)
+    row_group: int = 1
+    row_group_unit: str = "rows"
 
     @property
     def loads_as(self) -> str:
         return self.format.loads_as
 
-    def rank_rows(self, intermediate: int, ranks: int) -> list[RowRange]:
-        """[start, end) of the intermediate rows TP rank r of ``ranks``
-        loads, for each r (without expert parallelism); start == end: none."""
-        return self.row_split(intermediate, ranks)
+    @property
+    def row_split_rule(self) -> str:
+        """How a GPU's rows are split where the even slice splits a group."""
+        return f"whole {self.row_group}-row {self.row_group_unit}"
+
+    def rank_rows(
+        self, intermediate: int, ranks: int, partition: int | None = None
+    ) -> list[RowRange]:
+        """[start, end) of the intermediate rows GPU r of the ``ranks`` that
+        shard every expert loads, for each r (``record.rank_rows``;
+        ``partition``: the kernel's allocation, where it is known)."""
+        return rank_rows(intermediate, ranks, self.row_group, partition)
 
 
 @dataclass(frozen=True)
@@ -118,11 +168,6 @@ class KimiK3Format:
     vllm_methods: tuple[str, ...]
     loads_as: str  # what check says vLLM loads the experts with
     partition_rule: PartitionRule
-    # Without expert parallelism each rank's logical intermediate rows must
-    # be a whole number of this many: the format's scale group along w2's
-    # input, so that every rank's scales are its own.
-    alignment: int
-    alignment_unit: str  # what those are: "MXFP4 scale blocks"
     # how its expert tensors look, for check's "the expert tensors are ..."
     stored_as: str
     # --moe-backend names plan offers (NVIDIA kernels vLLM selects for it)
@@ -133,9 +178,6 @@ class KimiK3Format:
     # (vLLM method) -> the checkpoint tensors its experts' parameters load
     tensors_of_method: Callable[[Any], ExpertTensors]
     is_method: Callable[[Any], bool] = lambda method: True
-    # A sharding of every expert (without expert parallelism) vLLM cannot
-    # build for this format beyond whole scale groups (``alignment``)
-    split_refusal: SplitRefusal | None = None
     # checkpoint suffix -> vLLM parameter suffix, where vLLM renames it
     parameter_suffixes: dict[str, str] = field(default_factory=dict)
 

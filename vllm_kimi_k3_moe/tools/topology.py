@@ -114,7 +114,7 @@ class Deployment(Topology):
 def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
     """Refuse, with one line naming the bad value, what cannot be sized."""
     validate_backend(deployment.quantization, deployment.backend)
-    validate_topology(text_config, deployment, deployment.format)
+    validate_topology(text_config, deployment)
 
 
 def validate_backend(quantization: str, backend: str) -> None:
@@ -143,20 +143,18 @@ def validate_backend(quantization: str, backend: str) -> None:
 VOCAB_PADDING = 64
 
 
-def validate_topology(
-    text_config: dict[str, Any], topology: Topology, fmt: KimiK3Format
-) -> None:
+def validate_topology(text_config: dict[str, Any], topology: Topology) -> None:
     """Refuse, in one line naming the value and the rule, a topology vLLM
     0.33.0 cannot build for this model and format, before any build. The
     rules, each as vLLM applies it (``tests/upstream_contract`` holds vLLM to
     them): whole attention heads per TP rank (MLA and KDA), whole vocabulary
     rows per TP rank, at least one layer per pipeline stage, and the routed
     experts split evenly over each stage's TP x DP GPUs: whole experts under
-    expert parallelism, else every expert's intermediate rows in whole
-    scale groups of the format (``fmt.alignment``; each GPU's scales are its
-    own) and as the format's method builds them (``fmt.split_refusal``: FP8
-    block). Even splits are what let rank 0 of a stage stand for every GPU
-    of it."""
+    expert parallelism, else every expert's intermediate rows
+    (``FusedMoEConfig``). Where an even slice splits the format's scale
+    groups, the plugin gives each GPU whole groups instead
+    (``CheckpointFormat.rank_rows``); every GPU of a stage allocates what
+    its rank 0 does."""
     sizes = {"tensor": topology.tp_size, "data": topology.dp_size}
     sizes["pipeline"] = topology.pp_size
     for kind, size in sizes.items():
@@ -191,27 +189,15 @@ def validate_topology(
             )
         return
     intermediate = text_config["moe_intermediate_size"]
-    if intermediate % (group * fmt.alignment):
-        whole = (
-            f" in whole {fmt.alignment_unit} of {fmt.alignment} values"
-            if fmt.alignment > 1
-            else ""
-        )
+    if intermediate % group:
         raise DeploymentError(
             f"moe_intermediate_size {intermediate} does not split evenly over "
-            f"{group} GPUs ({product}){whole}; without expert parallelism vLLM "
+            f"{group} GPUs ({product}); without expert parallelism vLLM "
             "shards every expert over all of them"
         )
-    refusal = fmt.split_refusal and fmt.split_refusal(
-        text_config, topology.tp_size, group
-    )
-    if refusal:
-        raise DeploymentError(f"{fmt.name} at {product}: {refusal}")
 
 
-def layouts(
-    gpus: int, text_config: dict[str, Any], fmt: KimiK3Format
-) -> list[Topology]:
+def layouts(gpus: int, text_config: dict[str, Any]) -> list[Topology]:
     """Every topology of exactly ``gpus`` GPUs that ``validate_topology``
     lets through: TP x PP x DP, each with and without expert parallelism
     (which needs more than one GPU per stage)."""
@@ -224,7 +210,7 @@ def layouts(
                 if ep and topology.moe_group == 1:
                     continue
                 try:
-                    validate_topology(text_config, topology, fmt)
+                    validate_topology(text_config, topology)
                 except DeploymentError:
                     continue
                 found.append(topology)

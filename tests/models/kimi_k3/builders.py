@@ -21,9 +21,9 @@ MXFP4_FORMATS = (mxfp4.RELEASE.name, mxfp4.COMPRESSED_TENSORS.name)
 on_both_quantization_paths = pytest.mark.parametrize("quantization", MXFP4_FORMATS)
 
 
-def kimi_k3_text_config(*, small: bool = False) -> Any:
+def kimi_k3_text_config(*, small: bool = False, **overrides: Any) -> Any:
     """Kimi-K3's MoE text config as vLLM's ``KimiLinearConfig``; ``small``
-    keeps 3072 but shrinks widths and experts."""
+    keeps 3072 but shrinks widths and experts; ``overrides`` set any field."""
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
     fields = dict(KIMI_K3_MOE_FIELDS)
@@ -34,7 +34,7 @@ def kimi_k3_text_config(*, small: bool = False) -> Any:
             num_experts=k3.SMALL_NUM_EXPERTS,
             num_experts_per_token=k3.SMALL_NUM_EXPERTS_PER_TOKEN,
         )
-    return KimiLinearConfig(**fields)
+    return KimiLinearConfig(**{**fields, **overrides})
 
 
 def build_kimi_moe_layer(

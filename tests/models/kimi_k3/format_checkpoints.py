@@ -1,10 +1,13 @@
-"""Header-only Kimi-K3 checkpoints in each published format (no tensor data).
+"""Kimi-K3 checkpoints in each published format: header-only (no tensor
+data), or small ones with seeded data.
 
 Per format: the ``quantization_config`` vLLM builds the format's method from
 (``kimi_k3_formats``) and every routed-expert tensor as that format's
 published checkpoints store it, written out per projection: w1/w3 are
 ``[rows, cols] = [3072, hidden]`` and w2 ``[hidden, 3072]`` before packing,
-grouping or blocking.
+grouping or blocking (the MXFP4 release's own layout: ``kimi_k3_checkpoint``).
+The other configs of ``quantization_space`` store theirs as the format
+registry says (``check``'s contract, held to the published ones here).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
     write_headers,
 )
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
+from vllm_kimi_k3_moe.formats import recognise
 
 Shape = Callable[[int, int], tuple[int, ...]]  # (rows, cols) -> stored shape
 
@@ -51,8 +55,46 @@ FORMAT_TENSORS: dict[str, list[tuple[str, Shape, str]]] = {
         ("weight_scale", lambda rows, cols: (rows, cols // 32), "BF16"),
         ("weight_shape", lambda rows, cols: (2,), "I64"),
     ],
+    # AutoAWQ and AutoGPTQ: input-first, groups of 128, packed eight per int32
+    # along the output (AWQ) or the input (GPTQ); zero points along the output
+    "awq": [
+        ("qweight", lambda rows, cols: (cols, rows // 8), "I32"),
+        ("qzeros", lambda rows, cols: (cols // 128, rows // 8), "I32"),
+        ("scales", lambda rows, cols: (cols // 128, rows), "F16"),
+    ],
+    "gptq": [
+        ("qweight", lambda rows, cols: (cols // 8, rows), "I32"),
+        ("qzeros", lambda rows, cols: (cols // 128, rows // 8), "I32"),
+        ("scales", lambda rows, cols: (cols // 128, rows), "F16"),
+    ],
     "bf16": [("weight", lambda rows, cols: (rows, cols), "BF16")],
 }
+
+
+# MXFP4 (native and compressed-tensors): FP4 packed two per byte along the
+# input, one E8M0 scale byte per 32 values.
+MXFP4_TENSORS = [
+    ("weight_packed", lambda rows, cols: (rows, cols // 2), "U8"),
+    ("weight_scale", lambda rows, cols: (rows, cols // 32), "U8"),
+]
+
+
+def tensors_of(fmt: str) -> list[tuple[str, Shape, str]]:
+    """``fmt``'s expert tensors: the published layouts above, else (another
+    config of the quantization space) as the format registry states them."""
+    if fmt in FORMAT_TENSORS:
+        return FORMAT_TENSORS[fmt]
+    if fmt in ("mxfp4", "ct-mxfp4"):
+        return MXFP4_TENSORS
+    tensors = recognise(QUANTIZATION_CONFIGS[fmt], None, fmt).tensors
+    # a [rows, cols] projection is stored as w1's [intermediate, hidden]
+    return [
+        (t.suffix, lambda rows, cols, t=t: t.shape("w1", cols, rows), t.dtypes[0])
+        for t in tensors.sharded
+    ] + [
+        (s.suffix, lambda rows, cols, s=s: s.shape, s.dtypes[0])
+        for s in tensors.scalars
+    ]
 
 
 def expert_entries(spec: KimiK3Spec, fmt: str) -> list[HeaderEntry]:
@@ -66,7 +108,7 @@ def expert_entries(spec: KimiK3Spec, fmt: str) -> list[HeaderEntry]:
                     if projection == "w2"
                     else (intermediate, hidden)
                 )
-                for suffix, shape, dtype in FORMAT_TENSORS[fmt]:
+                for suffix, shape, dtype in tensors_of(fmt):
                     name = expert_tensor_name(layer, expert, projection, suffix)
                     entries.append((name, dtype, shape(rows, cols)))
     return entries
@@ -99,6 +141,7 @@ TORCH_DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn,
     "BF16": torch.bfloat16,
     "F32": torch.float32,
+    "F16": torch.float16,
     "I32": torch.int32,
     "I64": torch.int64,
 }
@@ -124,15 +167,21 @@ def tensor_data(
     return torch.randint(1, high, shape, generator=generator, dtype=torch_dtype)
 
 
+def expert_checkpoint(spec: KimiK3Spec, fmt: str) -> dict[str, Tensor]:
+    """Every routed-expert tensor of ``spec``'s MoE layers in ``fmt``, by
+    checkpoint key, with seeded non-zero data."""
+    return {
+        name: tensor_data(spec, name, dtype, shape, seed)
+        for seed, (name, dtype, shape) in enumerate(expert_entries(spec, fmt))
+    }
+
+
 def write_format_checkpoint_with_data(
     directory: Path, fmt: str, spec: KimiK3Spec
 ) -> dict[str, Tensor]:
     """A small ``fmt`` checkpoint with data (routed experts only); returns
     its tensors by name."""
-    tensors = {
-        name: tensor_data(spec, name, dtype, shape, seed)
-        for seed, (name, dtype, shape) in enumerate(expert_entries(spec, fmt))
-    }
+    tensors = expert_checkpoint(spec, fmt)
     config = spec.config()
     config["quantization_config"] = QUANTIZATION_CONFIGS[fmt]
     write_checkpoint(directory, spec, split_into_shards(tensors, spec.shards), config)

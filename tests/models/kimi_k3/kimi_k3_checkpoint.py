@@ -278,7 +278,7 @@ def write_checkpoint(
     return shards
 
 
-DTYPE_BYTES = {"U8": 1, "F8_E4M3": 1, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
+DTYPE_BYTES = {"U8": 1, "F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8}
 HeaderEntry = tuple[str, str, tuple[int, ...]]  # (name, dtype, shape)
 
 

@@ -1,4 +1,6 @@
-"""The checkpoint formats Kimi-K3 is published in, as vLLM 0.33.0 configures them.
+"""The checkpoint formats Kimi-K3 is published in, as vLLM 0.33.0 configures them,
+and the wider space of configs vLLM accepts for its experts
+(``quantization_space``), each under its name.
 
 Each format is the ``quantization_config`` block of a published checkpoint,
 turned into vLLM's quantization config by vLLM itself, restricted to the
@@ -13,30 +15,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.formats import mxfp4
+from tests.models.kimi_k3.quantization_space import (
+    SPACE,
+    awq,
+    compressed_tensors,
+    gptq,
+)
+from vllm_kimi_k3_moe.formats import FORMAT_NAMES, mxfp4
 from vllm_kimi_k3_moe.tools.build.rank import Rank
 from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import Serving, Topology
-
-EXPERTS_ONLY = [r"re:.*\.experts\.\d+\..+"]
-
-
-def _compressed_tensors(weights: dict, inputs: dict | None, fmt: str) -> dict:
-    return {
-        "quant_method": "compressed-tensors",
-        "format": fmt,
-        "ignore": [],
-        "config_groups": {
-            "routed_experts": {
-                "targets": EXPERTS_ONLY,
-                "weights": weights,
-                "input_activations": inputs,
-                "format": fmt,
-            }
-        },
-    }
-
 
 FP8 = {"num_bits": 8, "type": "float", "symmetric": True}
 
@@ -52,14 +41,14 @@ QUANTIZATION_CONFIGS: dict[str, dict[str, Any] | None] = {
     "mxfp4": {"quant_method": "mxfp4"},
     # Other compressed-tensors MXFP4 (FP4, groups of 32, E8M0 scales): a
     # format vLLM does not rewrite to native MXFP4.
-    "ct-mxfp4": _compressed_tensors(mxfp4.WEIGHTS, None, "pack-quantized"),
+    "ct-mxfp4": compressed_tensors(mxfp4.WEIGHTS, None, "pack-quantized"),
     # FP8 block [128, 128], activations dynamic per group of 128 (TP16 and up).
-    "fp8-block": _compressed_tensors(
+    "fp8-block": compressed_tensors(
         {**FP8, "dynamic": False, "strategy": "block", "block_structure": [128, 128]},
         {**FP8, "dynamic": True, "strategy": "group", "group_size": 128},
         "float-quantized",
     ),
-    "nvfp4": _compressed_tensors(
+    "nvfp4": compressed_tensors(
         {**NVFP4, "symmetric": True, "dynamic": False},
         {**NVFP4, "symmetric": True, "dynamic": "local"},
         "nvfp4-pack-quantized",
@@ -77,20 +66,20 @@ QUANTIZATION_CONFIGS: dict[str, dict[str, Any] | None] = {
         ],
     },
     # INT4 W4A16 conversions: int4, groups of 32, symmetric.
-    "w4a16": _compressed_tensors(INT4_GROUP_32, None, "pack-quantized"),
+    "w4a16": compressed_tensors(INT4_GROUP_32, None, "pack-quantized"),
+    # AutoAWQ and AutoGPTQ INT4 in groups of 128 (AWQ with zero points)
+    "awq": awq(128),
+    "gptq": gptq(4, 128, True),
     # BF16 dequantizations: no quantization config at all.
     "bf16": None,
 }
 
+# The published formats with a config above (AWQ and GPTQ are in SPACE).
+PUBLISHED_FORMATS = tuple(f for f in QUANTIZATION_CONFIGS if f in FORMAT_NAMES)
+QUANTIZATION_CONFIGS |= SPACE
 # A format no rule of the plugin covers: FP8 per output channel (vLLM's FP8
 # method with a strategy that puts no constraint the plugin knows of).
 UNCOVERED_FORMAT = "ct-fp8-channel"
-QUANTIZATION_CONFIGS[UNCOVERED_FORMAT] = _compressed_tensors(
-    {**FP8, "dynamic": False, "strategy": "channel"},
-    {**FP8, "dynamic": True, "strategy": "token"},
-    "float-quantized",
-)
-PUBLISHED_FORMATS = tuple(f for f in QUANTIZATION_CONFIGS if f != UNCOVERED_FORMAT)
 
 
 # One directory for every format's config.json, removed when the process

@@ -221,8 +221,12 @@ STORED_AS = {
     "projection)",
     "modelopt-nvfp4": "NVFP4-packed (ModelOpt names) (weight U8, weight_scale "
     "F8_E4M3, weight_scale_2 F32, input_scale F32 per projection)",
-    "w4a16": "INT4-packed (W4A16) (weight_packed I32, weight_scale BF16 or F16 or "
+    "w4a16": "INT-packed (WNA16) (weight_packed I32, weight_scale BF16 or F16 or "
     "F32, weight_shape I64 or I32 per projection)",
+    "awq": "INT4-packed (AutoAWQ qweight/qzeros/scales) (qweight I32, qzeros I32, "
+    "scales BF16 or F16 or F32 per projection)",
+    "gptq": "INT-packed (AutoGPTQ qweight/qzeros/scales) (qweight I32, qzeros I32, "
+    "scales BF16 or F16 or F32 per projection)",
     "bf16": "unquantized BF16 (weight BF16 per projection)",
 }
 

@@ -188,7 +188,35 @@ def test_fp8_block_per_gpu_lines_say_which_gpus_hold_which_rows(
     assert lines[first + len(expected)].startswith("OK ")
 
 
-@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "fp8-block"])
+# INT groups of 128 (AWQ, GPTQ) split as FP8's blocks, also where the experts
+# are split through data parallelism (TP8 x DP4: all 32 GPUs, no model-level
+# padding in vLLM alone)
+INT_GROUPS_PER_GPU = [
+    "per GPU     TP8 x DP4 without expert parallelism: all 8 experts, whole "
+    "128-row INT scale groups of each:",
+    "            GPUs 0-23: 128 of 3072 intermediate rows each (GPU r: rows "
+    "128r to 128r+127); ",
+    "            GPUs 24-31: none of the experts' rows",
+]
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq"])
+def test_int_groups_of_128_per_gpu_lines_say_which_gpus_hold_which_rows(
+    tmp_path, capsys, fmt
+):
+    write_format_checkpoint(tmp_path, fmt)
+    status, out = check(capsys, str(tmp_path), "--tp", "8", "--dp", "4")
+    assert status == 0, out
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("per GPU"))
+    held = lines[first : first + len(INT_GROUPS_PER_GPU)]
+    pairs = zip(held, INT_GROUPS_PER_GPU, strict=True)
+    assert [line[: len(want)] for line, want in pairs] == (INT_GROUPS_PER_GPU)
+
+
+@pytest.mark.parametrize(
+    "fmt", [f for f in FORMATS if f not in ("fp8-block", "awq", "gptq")]
+)
 def test_other_formats_per_gpu_line_is_the_even_slice(tmp_path, capsys, fmt):
     write_format_checkpoint(tmp_path, fmt)
     status, out = check(capsys, str(tmp_path), "--tp", "32")

@@ -66,25 +66,37 @@ def parameter(experts: nn.Module, projection: str, suffix: str) -> torch.Tensor:
     return getattr(experts, f"{'w2' if projection == 'w2' else 'w13'}_{suffix}")
 
 
+def recognised(fmt: str):
+    return recognise(QUANTIZATION_CONFIGS[fmt], None, "config.json")
+
+
 def rows_held(fmt: str, rank: int, tp_size: int) -> tuple[int, int]:
     """Checkpoint intermediate rows [start, end) TP rank ``rank`` holds, as
-    the format's record (vLLM-free) says: an even slice, or whole blocks of
-    its partition (FP8 block-aligned loading: at TP32 ranks 0-23 128 rows
-    each, 24-31 none)."""
-    recognised = recognise(QUANTIZATION_CONFIGS[fmt], None, "config.json")
-    return recognised.rank_rows(INTERMEDIATE, tp_size)[rank]
+    the format's record (vLLM-free) says: an even slice, or whole groups of
+    its partition (block-aligned loading: FP8 blocks and INT groups of 128
+    at TP32 ranks 0-23 128 rows each, 24-31 none)."""
+    return recognised(fmt).rank_rows(INTERMEDIATE, tp_size)[rank]
 
 
-def valid_region(experts, projection, suffix, checkpoint_tensor, rows, local_expert):
+def intermediate_dim(fmt: str, projection: str, suffix: str) -> int:
+    """The dimension of a checkpoint tensor (and of vLLM's parameter for one
+    expert, which keeps the checkpoint's orientation) that runs along the
+    intermediate rows: w1/w3's output, w2's input; swapped for the
+    input-first layouts (AutoAWQ, AutoGPTQ)."""
+    layout = next(t for t in recognised(fmt).tensors.sharded if t.suffix == suffix)
+    return int(projection == "w2") ^ int(layout.transposed)
+
+
+def valid_region(
+    fmt, experts, projection, suffix, checkpoint_tensor, rows, local_expert
+):
     """The part of a rank's parameter that holds the checkpoint's ``rows``."""
     param = parameter(experts, projection, suffix)[local_expert]
     start, end = rows
-    if projection == "w2":  # the intermediate is the input (last) dimension
-        unit = INTERMEDIATE // checkpoint_tensor.shape[1]
-        return param[:, : (end - start) // unit]
-    unit = INTERMEDIATE // checkpoint_tensor.shape[0]
-    first = 0 if projection == "w1" else param.shape[0] // 2
-    return param[first : first + (end - start) // unit]
+    dim = intermediate_dim(fmt, projection, suffix)
+    held = (end - start) // (INTERMEDIATE // checkpoint_tensor.shape[dim])
+    first = param.shape[dim] // 2 if projection == "w3" else 0
+    return param.narrow(dim, first, held)
 
 
 def same_bits(actual: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -127,8 +139,16 @@ def assert_per_tensor_values(fmt, tensors, experts_of) -> None:
 
 # Without expert parallelism vLLM shards every expert over TP x DP GPUs (GPU
 # r of that group: TP rank r % TP of DP rank r // TP), as check says; at
-# TP16 x DP2 FP8 blocks are loaded whole over all 32 (ranks 0-23 one each).
-TOPOLOGIES = [Topology(8), Topology(16), Topology(32), Topology(16, dp_size=2)]
+# TP16 x DP2 (vLLM alone pads to 128 there) and TP8 x DP4 (it pads nothing)
+# FP8 blocks and INT groups of 128 are loaded whole over all 32 (ranks 0-23
+# one each).
+TOPOLOGIES = [
+    Topology(8),
+    Topology(16),
+    Topology(32),
+    Topology(16, dp_size=2),
+    Topology(8, dp_size=4),
+]
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES, ids=lambda t: t.label())
@@ -157,6 +177,7 @@ def test_tp_ranks_give_back_every_expert_tensor(
                 expected = tensors[name]
                 pieces = [
                     valid_region(
+                        fmt,
                         experts,
                         projection,
                         suffix,
@@ -166,7 +187,8 @@ def test_tp_ranks_give_back_every_expert_tensor(
                     )
                     for rank, experts in enumerate(ranks)
                 ]
-                whole = torch.cat(pieces, dim=1 if projection == "w2" else 0)
+                dim = intermediate_dim(fmt, projection, suffix)
+                whole = torch.cat(pieces, dim=dim)
                 assert same_bits(whole, expected), f"{fmt}: {name}"
     for experts in ranks:  # every rank holds every expert's per-tensor values
         assert_per_tensor_values(fmt, tensors, lambda e, x=experts: (x, e))
@@ -193,6 +215,7 @@ def test_expert_parallel_ranks_give_back_every_expert_tensor(
             for suffix in suffixes(fmt, sharded=True):
                 name = expert_tensor_name(LAYER, expert, projection, suffix)
                 region = valid_region(
+                    fmt,
                     experts,
                     projection,
                     suffix,

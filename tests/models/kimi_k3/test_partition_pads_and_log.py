@@ -37,22 +37,35 @@ def expert_tensors(experts: nn.Module) -> dict[str, object]:
     }
 
 
-# (format, backend, TP) where the plugin allocates more than the logical
-# slice (PARTITIONS lists TP16 second and TP32 fourth).
+# (format, backend, topology) where the plugin allocates more than the
+# logical slice (PARTITIONS lists TP16 second and TP32 fourth), and where a
+# GPU of an expert split through data parallelism holds whole groups.
 PADDED = [
-    (fmt, backend, tp_size)
+    (fmt, backend, Topology(tp_size))
     for fmt, backend, partitions in PARTITIONS
     for tp_size, partition in ((16, partitions[1]), (32, partitions[3]))
     if partition > 3072 // tp_size
+] + [
+    (fmt, backend, Topology(8, dp_size=4))
+    for fmt, backend in [
+        ("fp8-block", "triton"),
+        ("ct-int4-g128-asym", "marlin"),
+        ("ct-int8-g64-sym", "marlin"),
+        ("awq-int4-g64", "marlin"),
+    ]
 ]
 
 
-@pytest.mark.parametrize(("fmt", "backend", "tp_size"), PADDED)
+@pytest.mark.parametrize(
+    ("fmt", "backend", "topology"),
+    PADDED,
+    ids=lambda v: v.label() if isinstance(v, Topology) else str(v),
+)
 def test_every_pad_is_zero_before_loading(
-    build_small, uninitialised_memory_is_visible, fmt, backend, tp_size
+    build_small, uninitialised_memory_is_visible, fmt, backend, topology
 ):
-    experts = build_small(fmt, backend, Topology(tp_size))
-    assert experts.intermediate_size_per_partition > 3072 // tp_size
+    experts = build_small(fmt, backend, topology)
+    assert experts.intermediate_size_per_partition > 3072 // topology.moe_group
     tensors = expert_tensors(experts)
     assert tensors, "no expert tensors found"
     for name, tensor in tensors.items():
@@ -111,7 +124,8 @@ def plugin_log(caplog, monkeypatch):
             "triton",
             "Kimi-K3 routed experts on CompressedTensorsW8A8Fp8MoEMethod (triton): "
             "128 intermediate rows per GPU (logical 96, vLLM alone 256); smallest "
-            "partition accepted (pad_tp_shard_to_weight_blocks)",
+            "partition accepted (pad_tp_shard_to_weight_blocks); whole 128-row "
+            "groups per GPU, this GPU rows 0-127",
         ),
         (
             UNCOVERED_FORMAT,

@@ -193,12 +193,6 @@ def write(tmp_path, content: str):
 BAD_INPUT = [
     # (case, arguments, words the one-line error must contain)
     ("tp not dividing the heads", ["--tp", "7"], ["96", "7", "heads"]),
-    # 3072 / 64 = 48 rows per GPU: an MXFP4 scale block would straddle two GPUs
-    (
-        "tp x dp splitting scale blocks",
-        ["--tp", "32", "--dp", "2"],
-        ["3072", "64 GPUs", "blocks of 32"],
-    ),
     ("tp x dp not dividing", ["--tp", "8", "--dp", "5"], ["3072", "40 GPUs"]),
     ("ep not dividing 896", ["--tp", "2", "--dp", "3", "--ep"], ["896", "6"]),
     (
@@ -428,9 +422,10 @@ def test_planning_leaves_vllms_kernel_checks_as_they_were(kimi_model):
 
 
 def test_default_sizes_that_do_not_build_are_left_out_and_said(kimi_model, capsys):
-    """``--dp 2`` with the default TP8/16/32: TP32 x DP2 splits each expert
-    over 64 GPUs, half an MXFP4 scale block each; the other two are sized."""
-    assert main(["plan", "--dp", "2", "--json"]) == 0
+    """``--dp 64`` with the default TP8/16/32: TP32 x DP64 would split each
+    expert's 3072 rows over 2048 GPUs, which vLLM refuses; TP8 and TP16 (6 and
+    3 rows per GPU: whole MXFP4 blocks on the first GPUs) are sized."""
+    assert main(["plan", "--dp", "64", "--json"]) == 0
     out, err = capsys.readouterr()
     assert [d["deployment"]["tp_size"] for d in json.loads(out)] == [8, 16]
-    assert "plan: left out TP32 DP2: moe_intermediate_size 3072" in err
+    assert "plan: left out TP32 DP64: moe_intermediate_size 3072" in err

@@ -1,27 +1,30 @@
 """``validate_topology`` (what ``plan`` and ``check`` refuse up front) refuses
 exactly the MoE shardings vLLM 0.33.0, with the plugin, cannot build: rank 0
-of each, in every published format, built by vLLM's own layers."""
+of each, in every published format and the integer groups of 128, built by
+vLLM's own layers."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_k3_moe.formats import format_named
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology, validate_topology
 
-# Without expert parallelism, 8 to 32 GPUs sharing every expert (whole scale
-# groups of every format), with and without vLLM's model-level padding (TP16
-# and up): where FP8's 128-row blocks are split (192 or 96 rows per GPU)
-# only the padded ones build.
+# Without expert parallelism, 8 to 256 GPUs sharing every expert, with and
+# without vLLM's model-level padding (TP16 and up): where a GPU's even
+# slice splits a scale group (FP8 blocks and INT groups of 128 at 96 or 192
+# rows, MXFP4 blocks of 32 at 48 or 24) it holds whole groups instead; only
+# a split of 3072 rows that is not even is refused.
 TOPOLOGIES = [
     Topology(tp, dp_size=dp)
     for tp, dp in [
         (8, 1), (16, 1), (32, 1),  # 384, 192, 96 rows per GPU
-        (1, 8), (2, 4), (4, 2),  # 384: whole blocks
+        (1, 8), (2, 4), (4, 2),  # 384
         (8, 2), (4, 4), (2, 8), (1, 16),  # 192, no model-level padding
         (8, 4), (4, 8), (1, 32),  # 96, none
         (16, 2),  # 96, padded at model level
+        (32, 2), (8, 8), (32, 8),  # 48, 48, 12
+        (8, 5), (1, 7), (32, 3),  # 40, 7, 96 GPUs: 3072 rows do not split evenly
     ]
 ]  # fmt: skip
 FORMATS = {
@@ -31,6 +34,9 @@ FORMATS = {
     "nvfp4": "flashinfer_cutedsl",
     "modelopt-nvfp4": "marlin",
     "w4a16": "marlin",
+    "ct-int4-g128-asym": "marlin",
+    "awq": "marlin",
+    "gptq": "marlin",
     "bf16": "triton",
 }
 
@@ -39,13 +45,13 @@ FORMATS = {
 def test_refused_exactly_where_vllm_cannot_build(format_experts, fmt):
     for topology in TOPOLOGIES:
         try:
-            validate_topology(KIMI_K3_TEXT_CONFIG, topology, format_named(fmt))
+            validate_topology(KIMI_K3_TEXT_CONFIG, topology)
             refusal = None
         except DeploymentError as error:
             refusal = str(error)
         try:
             format_experts(fmt, FORMATS[fmt], topology)
             built = None
-        except ValueError as error:
-            built = str(error)
+        except (AssertionError, ValueError) as error:
+            built = f"{type(error).__name__}: {error}"
         assert (refusal is None) == (built is None), (topology.label(), refusal, built)

@@ -39,9 +39,12 @@ suite's build tests fail when a name moves.
 ``stand_ins.moe_kernels_on_their_gpu``
     Replaces ``_supports_current_device`` of every ``FusedMoEExperts``
     subclass, ``current_platform.supports_fp8`` and
-    ``fused_moe.oracle.unquantized.current_platform`` (as CUDA). Why: vLLM
-    picks the MoE kernel ``--moe-backend`` names by asking the device.
-    Re-check: the device-check name; the unquantized oracle's platform use.
+    ``fused_moe.oracle.unquantized.current_platform`` (as CUDA) and
+    ``quantization.moe_wna16.current_platform`` (as a Hopper GPU, compute
+    capability 9.0). Why: vLLM picks the MoE kernel ``--moe-backend`` names
+    by asking the device; AutoAWQ's fallback kernel asks its capability.
+    Re-check: the device-check name; the unquantized oracle's and
+    ``MoeWNA16Config``'s platform use.
 ``stand_ins.compressed_tensors_mxfp4_kernel``
     Replaces ``CutlassExpertsMxfp4._supports_current_device`` (on top of
     ``moe_kernels_on_their_gpu``). Why: the compressed-tensors MXFP4 method

@@ -241,8 +241,9 @@ class CudaPlatformStandIn:
     box the platform is not CUDA and the oracle would list none of them.
     Everything else is the real platform's answer. Holds no parameters."""
 
-    def __init__(self, platform: Any) -> None:
+    def __init__(self, platform: Any, capability: tuple[int, int] | None = None):
         self._platform = platform
+        self._capability = capability
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._platform, name)
@@ -255,6 +256,18 @@ class CudaPlatformStandIn:
 
     def is_device_capability_family(self, *args: Any, **kwargs: Any) -> bool:
         return False
+
+    def get_device_capability(self, *args: Any, **kwargs: Any) -> Any:
+        if self._capability is None:
+            return self._platform.get_device_capability(*args, **kwargs)
+        from vllm.platforms.interface import DeviceCapability
+
+        return DeviceCapability(*self._capability)
+
+
+# The compute capability of a Hopper GPU (H100, H200, H20): where the
+# AutoAWQ fallback kernel (``MoeWNA16Config``) asks for one, it is enough.
+HOPPER = (9, 0)
 
 
 def _yes() -> bool:
@@ -269,8 +282,10 @@ def moe_kernels_on_their_gpu() -> Iterator[None]:
     the platform reports FP8 support (Triton's FP8 schemes depend on it), and
     the unquantized oracle lists the CUDA backends. What each kernel accepts
     of the layer (its activation, quantization scheme, shapes) is still
-    vLLM's own answer. Holds no parameters."""
+    vLLM's own answer. AutoAWQ's fallback (``MoeWNA16Config``) asks for the
+    GPU's compute capability: a Hopper's. Holds no parameters."""
     from vllm.model_executor.layers.fused_moe.oracle import unquantized
+    from vllm.model_executor.layers.quantization import moe_wna16
     from vllm.platforms import current_platform
 
     with ExitStack() as stack:
@@ -290,6 +305,8 @@ def moe_kernels_on_their_gpu() -> Iterator[None]:
                 unquantized, current_platform=CudaPlatformStandIn(current_platform)
             )
         )
+        hopper = CudaPlatformStandIn(current_platform, HOPPER)
+        stack.enter_context(replaced_attributes(moe_wna16, current_platform=hopper))
         yield
 
 

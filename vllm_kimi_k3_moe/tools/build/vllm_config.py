@@ -14,6 +14,8 @@ vision tower is loaded.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,28 @@ def write_model_dir(
     return directory
 
 
+@functools.cache
+def _model_config(model_dir: Path, serving: Serving | None) -> Any:
+    """vLLM's ``ModelConfig`` of the model in ``model_dir``, parsed once (a
+    tenth of a second): each ``VllmConfig`` gets a deep copy of it, so no
+    config vLLM has seen is used twice. Without serving settings, the
+    context length the model's config gives."""
+    from vllm.config import ModelConfig
+
+    return ModelConfig(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        **(
+            {}
+            if serving is None
+            else {
+                "max_model_len": serving.max_model_len,
+                "language_model_only": serving.language_model_only,
+            }
+        ),
+    )
+
+
 def rank_vllm_config(
     model_dir: Path,
     topology: Topology,
@@ -74,25 +98,12 @@ def rank_vllm_config(
         CacheConfig,
         DeviceConfig,
         KernelConfig,
-        ModelConfig,
         ParallelConfig,
         SchedulerConfig,
         VllmConfig,
     )
 
-    # Without serving settings, the context length the model's config gives.
-    model_config = ModelConfig(
-        model=str(model_dir),
-        skip_tokenizer_init=True,
-        **(
-            {}
-            if serving is None
-            else {
-                "max_model_len": serving.max_model_len,
-                "language_model_only": serving.language_model_only,
-            }
-        ),
-    )
+    model_config = copy.deepcopy(_model_config(model_dir, serving))
     serving = serving or Serving(max_model_len=model_config.max_model_len)
     vllm_config = VllmConfig(
         model_config=model_config,

@@ -205,7 +205,7 @@ def preflight(
     try:
         if backend is not None:
             validate_backend(layout.format.format.name, backend)
-        validate_topology(layout.text_config, parallelism, layout.format.format)
+        validate_topology(layout.text_config, parallelism)
     except DeploymentError as error:
         raise PreflightInputError(str(error)) from None
     try:

@@ -82,7 +82,15 @@ def per_gpu(report: PreflightReport) -> list[str]:
             f"{_rows(run, layout.intermediate)}; {_bytes(run.expert_bytes)} of "
             "routed-expert checkpoint data"
         ]
-    rule = layout.format.row_split_rule or "the format's split of the rows"
+    rule = layout.format.row_split_rule
+    caveat = []
+    if layout.format.format.partition_rule.kernel_may_allocate_more:
+        caveat = [
+            f"{INDENT}(as whole groups need them; a kernel that allocates more "
+            "rows per GPU, as",
+            f"{INDENT}MXFP4 on Marlin does (128), gives each GPU that many: "
+            "--moe-backend NAME)",
+        ]
     return [
         f"per GPU     {topology}: all {layout.num_experts} experts, {rule} of each:",
         *(
@@ -96,6 +104,7 @@ def per_gpu(report: PreflightReport) -> list[str]:
             )
             for run in runs
         ),
+        *caveat,
     ]
 
 

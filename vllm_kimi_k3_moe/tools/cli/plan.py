@@ -308,7 +308,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                     "--gpus needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
                 )
             validate_backend(fmt.name, backend)
-            if not layouts(args.gpus, text_config, fmt):
+            if not layouts(args.gpus, text_config):
                 raise DeploymentError(
                     f"no layout of {args.gpus} GPUs builds Kimi-K3 in {fmt.name}: "
                     "tensor parallelism must divide 96 heads and the vocabulary "

@@ -25,7 +25,7 @@ from typing import Any
 
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.formats import KimiK3Format, format_named
+from vllm_kimi_k3_moe.formats import KimiK3Format
 from vllm_kimi_k3_moe.patching import upstream_class
 from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, PlacedAllocation
 from vllm_kimi_k3_moe.tools.build.kv_cache import KvCachePlanner
@@ -250,9 +250,8 @@ class Planner:
         """Every layout of exactly ``gpus`` GPUs vLLM builds for the format
         and kernel, sized, fitting first and then by KV-cache tokens; and the
         layouts vLLM refused at build time, each with its reason."""
-        fmt = format_named(quantization)
         plans, refused = [], []
-        for topology in layouts(gpus, self.text_config, fmt):
+        for topology in layouts(gpus, self.text_config):
             deployment = Deployment.of(topology, backend, quantization)
             try:
                 plans.append(self.plan(deployment))

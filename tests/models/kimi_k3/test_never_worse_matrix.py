@@ -1,0 +1,106 @@
+"""Never worse than vLLM alone, over the quantization configs vLLM accepts for
+Kimi-K3's experts (``quantization_space``, not only the presets), every TP
+size Kimi-K3 builds, DP 1/2/4/8 without expert parallelism, expert
+parallelism, and every ``--moe-backend`` a config takes: wherever vLLM alone
+builds the layer, the plugin builds it on the same method and kernel, at a
+partition no larger (unless that kernel refuses vLLM alone's partition after
+the build: ``AFTER_BUILD``); where vLLM alone fails, the plugin either
+builds it or fails with vLLM alone's own error. One real ``KimiMoE`` per
+case, rank 0, on the meta device."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+
+import pytest
+
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
+from vllm_kimi_k3_moe.formats import format_of_method
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
+from vllm_kimi_k3_moe.tools.topology import Topology
+
+TP_SIZES = (1, 2, 4, 8, 16, 32)  # whole heads (96) and vocabulary rows
+DP_SIZES = (1, 2, 4, 8)
+TOPOLOGIES = [Topology(tp, dp_size=dp) for tp in TP_SIZES for dp in DP_SIZES] + [
+    # whole experts (896 over 8 to 128 GPUs): vLLM pads nothing there
+    Topology(tp, dp_size=dp, expert_parallel=True)
+    for tp, dp in ((8, 1), (16, 1), (32, 1), (8, 4), (32, 4))
+]
+
+
+def _moe_backends() -> list[str]:
+    """Every ``--moe-backend`` vLLM 0.33.0 takes, but ``auto`` (vLLM resolves
+    it from the GPU it starts on)."""
+    from vllm.config.kernel import MoEBackend
+
+    return [name for name in typing.get_args(MoEBackend) if name != "auto"]
+
+
+# Formats whose kernel's limit vLLM alone does not check when it builds the
+# layer: the compressed-tensors MXFP4 method allocates what it is given (the
+# MXFP4 sizing oracle is its kernels' limit:
+# test_compressed_tensors_mxfp4_padding), NVFP4 on CUTLASS refuses a pad at
+# weight preparation (test_nvfp4_cutlass_weight_prep_refuses_a_pad).
+AFTER_BUILD = {"ct-mxfp4", "nvfp4", "modelopt-nvfp4"}
+
+
+@dataclass(frozen=True)
+class Built:
+    partition: int
+    kernel: tuple[str, ...]  # method, experts class, backend
+    kernel_takes_it: bool = True  # its format's rule accepts the partition
+    format: str | None = None
+
+
+@dataclass(frozen=True)
+class Refused:
+    error: str
+
+
+def outcome(format_experts, config: str, backend: str, topology: Topology, **kw):
+    try:
+        experts = format_experts(config, backend, topology, **kw)
+    except Exception as error:
+        return Refused(f"{type(error).__name__}: {error}")
+    method, partition = experts.quant_method, experts.intermediate_size_per_partition
+    names = tuple(getattr(part, "__name__", str(part)) for part in kernel_of(method))
+    fmt = format_of_method(method)
+    rule = fmt and fmt.partition_rule
+    hidden = experts.moe_config.hidden_dim
+    takes = not rule or not rule.accepts or rule.accepts(method, hidden, partition)
+    return Built(partition, names, takes, fmt and fmt.name)
+
+
+def label(topology: Topology) -> str:
+    return f"{topology.label()} (MoE over {topology.moe_group} GPUs)"
+
+
+@pytest.mark.parametrize("config", sorted(QUANTIZATION_CONFIGS))
+def test_never_worse_than_vllm_alone(format_experts, config):
+    """Every backend the config takes (vLLM alone builds it unsplit) at
+    every topology."""
+    taken = [
+        backend
+        for backend in _moe_backends()
+        if isinstance(
+            outcome(format_experts, config, backend, Topology(1), upstream=True), Built
+        )
+    ]
+    assert taken, f"{config}: vLLM alone builds it on no --moe-backend"
+    for backend in taken:
+        for topology in TOPOLOGIES:
+            theirs = outcome(format_experts, config, backend, topology, upstream=True)
+            mine = outcome(format_experts, config, backend, topology)
+            where = f"{config} on {backend} at {label(topology)}"
+            if isinstance(theirs, Refused):
+                assert isinstance(mine, Built) or mine == theirs, where
+                continue
+            assert isinstance(mine, Built), f"{where}: vLLM alone builds, {mine}"
+            assert mine.kernel == theirs.kernel, where
+            if theirs.kernel_takes_it:
+                assert mine.partition <= theirs.partition, (
+                    f"{where}: {mine.partition} > vLLM alone's {theirs.partition}"
+                )
+            else:
+                assert theirs.format in AFTER_BUILD, where
