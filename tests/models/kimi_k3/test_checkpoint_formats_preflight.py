@@ -225,3 +225,24 @@ def test_other_formats_per_gpu_line_is_the_even_slice(tmp_path, capsys, fmt):
         "per GPU     TP32 without expert parallelism: all 8 experts, 96 of 3072 "
         "intermediate rows each (GPU r: rows 96r to 96r+95); "
     ) in out
+
+
+def test_whole_blocks_a_kernel_may_widen_are_said_to_depend_on_it(tmp_path, capsys):
+    """NVFP4 over 256 GPUs (TP8 x DP32): 12 rows would split the 16-value
+    scale groups, so the first GPUs hold whole groups; how many rows each
+    holds is the kernel's partition (CUTLASS allocates 64), which check says
+    depends on it."""
+    write_format_checkpoint(tmp_path, "nvfp4")
+    status, out = check(capsys, str(tmp_path), "--tp", "8", "--dp", "32")
+    assert status == 0, out
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("per GPU"))
+    assert lines[first] == (
+        "per GPU     TP8 x DP32 without expert parallelism: all 8 experts, whole "
+        "16-row NVFP4 scale groups of each:"
+    )
+    assert lines[first + 1].startswith(
+        "            GPUs 0-191: 16 of 3072 intermediate rows each"
+    )
+    assert lines[first + 2] == "            GPUs 192-255: none of the experts' rows"
+    assert "gives each GPU that many: --moe-backend NAME)" in lines[first + 4]
