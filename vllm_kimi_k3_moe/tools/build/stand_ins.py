@@ -20,6 +20,7 @@ they are stood in for here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import pkgutil
@@ -404,8 +405,6 @@ def one_gpu_for_the_data_parallel_group(moe_config: Any) -> Iterator[None]:
     as built; the default all-to-all backend (``allgather_reducescatter``)
     makes the same experts kernel either way. Without DP, nothing changes.
     Holds no parameters."""
-    import dataclasses
-
     parallel = moe_config.moe_parallel_config
     if parallel.dp_size == 1:
         yield

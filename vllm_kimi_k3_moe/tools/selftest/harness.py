@@ -44,7 +44,7 @@ from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
 from vllm_kimi_k3_moe.tools.selftest.dequantize import one_expert
 from vllm_kimi_k3_moe.tools.selftest.kernels import Forward, KernelPath
 from vllm_kimi_k3_moe.tools.selftest.layer import (
-    build_moe_layer,
+    build_moe_layers,
     kimi_moe,
     load_experts,
     routed_experts,
@@ -235,7 +235,7 @@ def loaded_rank(
             ),
         ):
             with building():
-                model = build_moe_layer(
+                model = build_moe_layers(
                     kimi_model, kimi_model.KimiMoE, vllm_config, str(path.device)
                 )
                 load_experts(model, layer.tensors)

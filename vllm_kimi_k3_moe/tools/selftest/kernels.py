@@ -6,14 +6,16 @@ Both paths build, load and route the same (``harness``); each gives a
 
 ``SelectedKernel`` (a CUDA device) does what vLLM 0.33.0 does on a GPU:
     ``BaseModelLoader.load_model`` builds on the device and then calls
-    ``model_loader.utils.process_weights_after_loading``, which hands every
-    layer's weights to its quantization method to turn them into the layout
-    of the kernel the method selected for this GPU (Marlin repacking,
-    FlashInfer shuffling, ...) and to make that kernel
-    (``FusedMoEKernel``); the MoE runner then runs the router and that kernel
-    (``MoERunner._apply_quant_method``: modular kernels after the router,
-    monolithic ones routing inside). With data parallelism, the kernel's
-    prepare/finalize is made for one GPU
+    ``model_loader.utils.process_weights_after_loading`` (here on the routed
+    experts), which hands the layer's weights to its quantization method to
+    turn them into the layout of the kernel the method selected for this GPU
+    (Marlin repacking, FlashInfer shuffling, ...) and to make that kernel
+    (``FusedMoEKernel``); a worker has made its workspace
+    (``init_workspace_manager``); the MoE runner pads the input to the
+    layer's width and runs the router and that kernel
+    (``MoERunner._maybe_pad_hidden_states``, ``_apply_quant_method``:
+    modular kernels after the router, monolithic ones routing inside). With
+    data parallelism, the kernel's prepare/finalize is made for one GPU
     (``stand_ins.one_gpu_for_the_data_parallel_group``).
 
 ``ReferenceKernel`` (no CUDA device; CI):
@@ -100,18 +102,23 @@ class SelectedKernel:
         moe = kimi_moe(model)
         experts = routed_experts(moe)
         with one_gpu_for_the_data_parallel_group(experts.quant_method.moe):
-            process_weights_after_loading(model, vllm_config.model_config, self.device)
+            # the routed experts' own: the latent projections (quantized in
+            # some published formats) hold no loaded weights here
+            process_weights_after_loading(
+                experts, vllm_config.model_config, self.device
+            )
             experts._ensure_moe_quant_config_init()
         runner = moe.experts
         dtype = vllm_config.model_config.dtype
 
         def forward(hidden: Tensor, logits: Tensor) -> Tensor:
+            # as MoERunner.forward: the input padded to the width the
+            # method rounded the layer to, the routed output cut back
+            padded, _, _ = runner._maybe_pad_hidden_states(None, hidden.to(dtype))
             _, output = runner._apply_quant_method(
-                hidden_states=hidden.to(dtype),
-                router_logits=logits,
-                shared_experts_input=None,
+                hidden_states=padded, router_logits=logits, shared_experts_input=None
             )
-            return output
+            return output[..., : hidden.shape[-1]]
 
         return forward
 

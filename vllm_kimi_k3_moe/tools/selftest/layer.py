@@ -71,23 +71,32 @@ def _moe_layer_tree(kimi_model: ModuleType) -> type:
     return MoeLayerTextModel
 
 
-def build_moe_layer(
+def build_moe_layers(
     kimi_model: ModuleType, kimi_moe_cls: type, vllm_config: Any, device: str
 ) -> nn.Module:
-    """Kimi-K3's module tree with one ``kimi_moe_cls`` at layer ``LAYER``,
-    built under ``vllm_config`` on ``device`` with the model's dtype as the
-    default (the caller makes ``vllm_config`` current)."""
+    """Kimi-K3's module tree with a ``kimi_moe_cls`` at every MoE layer of
+    the config (the selftest's has one, ``LAYER``), built as
+    ``KimiDecoderLayer`` builds it, under ``vllm_config`` on ``device`` with
+    the model's dtype as the default (the caller makes ``vllm_config``
+    current); the other layers are empty."""
     import torch
     from torch import nn
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     config = vllm_config.model_config.hf_text_config
-    layers = nn.ModuleList(nn.Module() for _ in range(LAYER + 1))
-    prefix = f"language_model.model.layers.{LAYER}.block_sparse_moe"
+    layers = nn.ModuleList(nn.Module() for _ in range(config.num_hidden_layers))
     with set_default_torch_dtype(vllm_config.model_config.dtype), torch.device(device):
-        layers[LAYER].block_sparse_moe = kimi_moe_cls(
-            config, vllm_config, quant_config=vllm_config.quant_config, prefix=prefix
-        )
+        for index, layer in enumerate(layers):
+            if (
+                index >= config.first_k_dense_replace
+                and index % config.moe_layer_freq == 0
+            ):
+                layer.block_sparse_moe = kimi_moe_cls(
+                    config,
+                    vllm_config,
+                    quant_config=vllm_config.quant_config,
+                    prefix=f"language_model.model.layers.{index}.block_sparse_moe",
+                )
     model = nn.Module()
     model.language_model = nn.Module()
     model.language_model.model = _moe_layer_tree(kimi_model)(config, layers)
@@ -95,7 +104,7 @@ def build_moe_layer(
 
 
 def kimi_moe(model: nn.Module) -> nn.Module:
-    """The ``KimiMoE`` of ``build_moe_layer``'s tree."""
+    """The ``KimiMoE`` at ``LAYER`` of ``build_moe_layers``' tree."""
     return model.language_model.model.layers[LAYER].block_sparse_moe
 
 
