@@ -176,13 +176,19 @@ def _run(asked: SelftestInput, workdir: Path) -> SelftestResult:
     vllm_kimi_k3_moe.register()
     kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
     path = kernel_path()
+    device = torch.cuda.get_device_name(path.device) if path.timed else "cpu"
+    threads = torch.get_num_threads()
     if not path.timed:
         # The CPU reference at these small shapes: two threads waiting on
         # each other make it several times slower on a small shared machine
         # (47 s against 2 min 34 s for --tp 32, measured on 2 busy cores).
         torch.set_num_threads(1)
-    device = torch.cuda.get_device_name(path.device) if path.timed else "cpu"
-    return run_selftest(asked.case, path, kimi_model, workdir, asked.checkpoint, device)
+    try:
+        return run_selftest(
+            asked.case, path, kimi_model, workdir, asked.checkpoint, device
+        )
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run(args: argparse.Namespace) -> int:
