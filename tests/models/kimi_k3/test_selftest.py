@@ -45,9 +45,8 @@ def test_the_release_at_tp32_on_a_cpu(kimi_model, capsys) -> None:
     status, out = selftest(capsys, "--tp", "32")
     first, *lines = out.splitlines()
     assert status == 0, out
-    assert first.startswith("selftest on CPU (no CUDA device)")
-    assert "experts 256 wide instead of 3584" in first
-    assert "nothing is timed" in first
+    assert first.startswith("selftest on CPU, no CUDA device:")
+    assert first.endswith("256 wide (not 3584), untimed")
     assert not [line for line in lines if line.startswith("time")]
     assert "MarlinExperts (Mxfp4MoEMethod)" in out
     # Marlin's MXFP4 partition: 3072 / 32 = 96 rows, padded to 128

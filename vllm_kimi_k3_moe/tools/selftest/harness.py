@@ -124,6 +124,7 @@ class SelftestResult:
     errors: dict[int, float] = field(default_factory=dict)  # tokens -> error
     unsharded: dict[int, float] = field(default_factory=dict)
     tolerances: dict[int, float] = field(default_factory=dict)
+    floor: float = 0.0  # the least of them: the path's arithmetic
     failure: str | None = None  # how the plugin's layout failed to run
     vllm_alone: int | None = None  # vLLM alone's rank-0 partition
     vllm_alone_failure: str | None = None
@@ -364,6 +365,7 @@ def run_selftest(
             "kernel: the layout cannot be judged"
         )
         return result
+    result.floor = path.floor
     result.tolerances = {
         tokens: max(path.floor, SHARDING_ALLOWANCE * error)
         for tokens, error in result.unsharded.items()

@@ -203,8 +203,8 @@ class ReferenceKernel:
 
     def kernel(self, experts: nn.Module) -> str:
         return (
-            f"{selected_kernel(experts)}; run here: vLLM's CPU reference "
-            "kernel (NaiveBatchedExperts, FP32)"
+            f"{selected_kernel(experts)}, run here by vLLM's CPU reference "
+            "(NaiveBatchedExperts, FP32)"
         )
 
 

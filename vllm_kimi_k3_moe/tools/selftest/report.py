@@ -26,16 +26,18 @@ INDENT = " " * 12
 
 def _first_line(result: SelftestResult) -> str:
     if result.timed:
-        return f"selftest on {result.device} with {VLLM}: the kernel vLLM selects here"
+        return (
+            f"selftest on {result.device}, {VLLM}: the kernel vLLM selects here, timed"
+        )
     width = KIMI_K3_MOE_FIELDS["routed_expert_hidden_size"]
     narrower = (
-        f"; experts {result.shape.width} wide instead of {width}, for time"
+        f", {result.shape.width} wide (not {width})"
         if result.checkpoint is None and result.shape.width != width
         else ""
     )
     return (
-        "selftest on CPU (no CUDA device): vLLM's CPU reference MoE kernel "
-        f"runs every rank, not the GPU kernel{narrower}; nothing is timed"
+        "selftest on CPU, no CUDA device: vLLM's CPU reference kernel runs "
+        f"each rank{narrower}, untimed"
     )
 
 
@@ -67,7 +69,8 @@ def _partition_lines(result: SelftestResult) -> list[str]:
 
 
 def _error_line(errors: dict[int, float]) -> str:
-    return ", ".join(f"{errors[n]:.1e} at {n} tok" for n in BATCH_SIZES if n in errors)
+    """The errors at 1, 16 and 128 tokens."""
+    return ", ".join(f"{errors[n]:.1e}" for n in BATCH_SIZES if n in errors)
 
 
 def _time_lines(result: SelftestResult) -> list[str]:
@@ -102,8 +105,8 @@ def _verdict(result: SelftestResult) -> str:
         return f"WRONG       {result.failure}"
     if result.ok:
         return (
-            f"OK          every GPU's partition runs, and the {gpus} GPUs' "
-            "outputs sum to the unsharded experts'"
+            f"OK          every GPU's partition runs, and the {gpus} GPUs sum to "
+            "the unsharded experts"
         )
     worst = max(result.errors, key=lambda n: result.errors[n] / result.tolerances[n])
     return (
@@ -141,10 +144,14 @@ def screen(result: SelftestResult) -> str:
     )
     lines.append(f"vLLM alone  {alone}")
     if result.errors:
-        lines.append(f"error       {_error_line(result.errors)}")
+        tokens = ", ".join(map(str, BATCH_SIZES))
         lines.append(
-            f"{INDENT}unsharded: {_error_line(result.unsharded)}; allowed: "
-            f"{max(result.tolerances.values()):.1e} or twice the unsharded"
+            f"error       {_error_line(result.errors)} at {tokens} tokens "
+            "(GPUs summed vs unsharded)"
+        )
+        lines.append(
+            f"{INDENT}one GPU with every row: {_error_line(result.unsharded)}; "
+            f"allowed 2x, at least {result.floor:.0e}"
         )
     lines += _time_lines(result)
     lines.append(_verdict(result))
