@@ -46,7 +46,10 @@ def _ranks(first: int, last: int) -> str:
 
 
 def _partition_lines(result: SelftestResult) -> list[str]:
-    """Runs of GPUs with the same partition, each on one line."""
+    """Runs of GPUs with the same partition, each on one line: the rows
+    each GPU's built layer allocated, and how many of them hold checkpoint
+    rows by the format's split (``CheckpointFormat.rank_rows``, what
+    ``check`` prints; the tests hold it to vLLM's loader)."""
     rows = []
     for index, part in enumerate(result.partitions):
         if result.rows_loaded:
@@ -111,7 +114,7 @@ def _verdict(result: SelftestResult) -> str:
     worst = max(result.errors, key=lambda n: result.errors[n] / result.tolerances[n])
     return (
         f"WRONG       the {gpus} GPUs' outputs sum to an error of "
-        f"{result.errors[worst]:.2g} at {worst} tokens, above the "
+        f"{result.errors[worst]:.2g} at {worst} token{'s' * (worst > 1)}, above the "
         f"{result.tolerances[worst]:.1e} allowed"
     )
 
