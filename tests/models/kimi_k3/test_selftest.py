@@ -22,12 +22,9 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
 )
 from tests.test_cli import run_fresh
 from vllm_kimi_k3_moe.tools import cli
-from vllm_kimi_k3_moe.tools.selftest.harness import (
-    SelftestCase,
-    run_selftest,
-    vllm_alone,
-)
+from vllm_kimi_k3_moe.tools.selftest.harness import SelftestCase, vllm_alone
 from vllm_kimi_k3_moe.tools.selftest.report import screen
+from vllm_kimi_k3_moe.tools.selftest.run import run_selftest
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import Topology
 

@@ -30,14 +30,14 @@ from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
     open_checkpoint,
     shard_of_each,
 )
-from vllm_kimi_k3_moe.tools.selftest.harness import (
-    SelftestCase,
+from vllm_kimi_k3_moe.tools.selftest.harness import SelftestCase
+from vllm_kimi_k3_moe.tools.selftest.kernels import kernel_path
+from vllm_kimi_k3_moe.tools.selftest.report import as_json, screen
+from vllm_kimi_k3_moe.tools.selftest.run import (
     SelftestResult,
     SelftestUnusable,
     run_selftest,
 )
-from vllm_kimi_k3_moe.tools.selftest.kernels import kernel_path
-from vllm_kimi_k3_moe.tools.selftest.report import as_json, screen
 from vllm_kimi_k3_moe.tools.selftest.shape import moe_shape
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
