@@ -95,7 +95,8 @@ def _time_lines(result: SelftestResult) -> list[str]:
     for tokens in BATCH_SIZES:
         plugin, alone = result.times[tokens]
         if alone is None:
-            rest = f"{'cannot build this layout':>22}"
+            failed = "build" if result.vllm_alone is None else "run"
+            rest = f"  vLLM alone cannot {failed} this layout"
         else:
             rest = f"{alone:>22.1f}  {plugin / alone:>19.2f}"
         lines.append(f"  {tokens:>6}  {plugin:>20.1f}  {rest}")
@@ -140,11 +141,12 @@ def screen(result: SelftestResult) -> str:
     partitions = _partition_lines(result)
     for index, line in enumerate(partitions or ["none built"]):
         lines.append(f"{'partition' if index == 0 else '':<12}{line}")
-    alone = (
-        f"{result.vllm_alone} rows per expert on GPU 0"
-        if result.vllm_alone is not None
-        else f"cannot build this layout ({result.vllm_alone_failure})"
-    )
+    if result.vllm_alone is not None:
+        alone = f"{result.vllm_alone} rows per expert on GPU 0"
+    elif result.vllm_alone_failure is not None:
+        alone = f"cannot build this layout ({result.vllm_alone_failure})"
+    else:
+        alone = "not built"
     lines.append(f"vLLM alone  {alone}")
     if result.errors:
         tokens = ", ".join(map(str, BATCH_SIZES))
