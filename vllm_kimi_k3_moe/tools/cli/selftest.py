@@ -30,6 +30,7 @@ from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
     open_checkpoint,
     shard_of_each,
 )
+from vllm_kimi_k3_moe.tools.selftest.dequantize import FORMATS as WITH_REFERENCE
 from vllm_kimi_k3_moe.tools.selftest.harness import SelftestCase
 from vllm_kimi_k3_moe.tools.selftest.kernels import kernel_path
 from vllm_kimi_k3_moe.tools.selftest.report import as_json, screen
@@ -155,6 +156,12 @@ def _selftest_input(args: argparse.Namespace) -> SelftestInput:
             quantization, text_config = found, checkpoint.layout.text_config
         else:
             quantization, text_config = args.quantization or "mxfp4", _text_config(args)
+        if quantization not in WITH_REFERENCE:
+            raise DeploymentError(
+                f"selftest has no FP32 reference for {quantization} (it has one "
+                f"for {', '.join(WITH_REFERENCE)}): vLLM's dequantizer for it "
+                "is to be added to tools/selftest/dequantize.py"
+            )
         topology = Topology(
             args.tp_size, dp_size=args.dp_size, expert_parallel=args.expert_parallel
         )
