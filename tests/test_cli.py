@@ -109,6 +109,7 @@ def test_check_without_moe_backend_imports_neither_torch_nor_vllm(
     [
         (["plan", "--tp", "8", "32"], cli.plan, {"tp_sizes": [8, 32]}),
         (["check", "ckpt", "--ep"], cli.check, {"expert_parallel": True}),
+        (["selftest", "--tp", "16", "--ep"], cli.selftest, {"tp_size": 16}),
     ],
 )
 def test_main_runs_the_function_the_subcommand_names(

@@ -87,3 +87,20 @@ def test_subclass_layers_come_off_independently() -> None:
     assert module.Model is Model
     remove_subclass_layer(module, "Model", PatchB)  # nothing left to remove
     assert module.Model is Model
+
+
+def test_layers_added_again_give_back_the_same_class() -> None:
+    """``unregister()`` then ``register()`` in one process (``selftest`` takes
+    the plugin out for vLLM alone's partition) leaves the class a module
+    imported from the patched one (vLLM's MTP draft) the module's class."""
+    module = types.ModuleType("upstream_module")
+    module.Model = Model
+    add_subclass_layer(module, "Model", PatchA)
+    add_subclass_layer(module, "Model", PatchB)
+    imported = module.Model
+    remove_subclass_layer(module, "Model", PatchB)
+    remove_subclass_layer(module, "Model", PatchA)
+    assert module.Model is Model
+    add_subclass_layer(module, "Model", PatchA)
+    add_subclass_layer(module, "Model", PatchB)
+    assert module.Model is imported

@@ -81,19 +81,30 @@ def _unstack(cls: type) -> tuple[type, list[type]]:
     return cls, layers[::-1]
 
 
+# Every subclass ``_stack`` made, by (module, name, layer, base): stacking the
+# same layers again gives back the very classes, so that a module that
+# imported the patched class (vLLM's MTP draft: ``from .model import
+# KimiMoE``) still holds the module's class after ``unregister()`` and
+# ``register()``.
+_STACKED: dict[tuple[str, str, type, type], type] = {}
+
+
 def _stack(module: ModuleType, name: str, upstream: type, layers: list[type]) -> None:
     cls = upstream
     for layer in layers:
-        cls = type(
-            name,
-            (layer, cls),
-            {
-                "__module__": module.__name__,
-                "__qualname__": upstream.__qualname__,
-                "__doc__": upstream.__doc__,
-                LAYER: layer,
-            },
-        )
+        key = (module.__name__, name, layer, cls)
+        if key not in _STACKED:
+            _STACKED[key] = type(
+                name,
+                (layer, cls),
+                {
+                    "__module__": module.__name__,
+                    "__qualname__": upstream.__qualname__,
+                    "__doc__": upstream.__doc__,
+                    LAYER: layer,
+                },
+            )
+        cls = _STACKED[key]
     setattr(module, name, cls)
 
 

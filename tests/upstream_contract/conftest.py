@@ -8,5 +8,6 @@ from tests.models.kimi_k3.conftest import (  # noqa: F401 (fixtures)
     format_experts,
     kimi_model,
     moe_layers_only_model,
+    one_cpu_thread,
     rank_config,
 )

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests.models.kimi_k3 import forward_on_cpu as forward
-from tests.models.kimi_k3.builders import moe_layers_only_builder
+from tests.models.kimi_k3 import forward_cases as forward
 from upstream import partition_matrix as matrix
 from upstream import project_helpers as helpers
+from vllm_kimi_k3_moe.tools.selftest.dequantize import FORMATS as FORWARD_FORMATS
+from vllm_kimi_k3_moe.tools.selftest.harness import deployment_outputs, errors_of
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 LOGICAL = 3072  # Kimi-K3's moe_intermediate_size
 HIDDEN = matrix.SMALL_HIDDEN  # latent width of the small CPU layers
@@ -158,11 +160,13 @@ def test_tp32_rank_holds_exactly_its_rows(
 # The output-level proof (tests/models/kimi_k3/test_forward_equivalence.py),
 # with vLLM's own KimiMoE, patched in tree: every rank's routed experts,
 # through vLLM's own MoE forward, sum to the unsharded experts.
-@pytest.mark.parametrize("fmt", forward.FORMATS)
+@pytest.mark.parametrize("fmt", FORWARD_FORMATS)
 def test_ranks_sum_to_the_unsharded_experts(model, tmp_path, fmt):
-    case = forward.forward_case(tmp_path, fmt)
-    build = moe_layers_only_builder(model)
     for tp_size in (16, 32):
-        output = forward.deployment_output(case, build, model.KimiMoE, tp_size)
-        error = forward.relative_error(output, case.expected)
-        assert math.isfinite(error) and error < forward.TOLERANCE, (fmt, tp_size)
+        case = forward.small_case(fmt, Topology(tp_size))
+        layer = forward.prepare_layer(case, forward.CPU, tmp_path / f"tp{tp_size}")
+        output = deployment_outputs(forward.CPU, case, model, layer)
+        errors = errors_of(output, layer)
+        assert all(
+            math.isfinite(e) and e < forward.TOLERANCE for e in errors.values()
+        ), (fmt, tp_size, errors)

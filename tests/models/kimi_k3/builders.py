@@ -1,19 +1,20 @@
 """What the Kimi-K3 tests build from: the model's text config, the MXFP4
 formats, the poison byte, one real ``KimiMoE`` and a built layer's routed
-experts."""
+experts (the selftest's own accessor)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from torch import nn
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.tools.selftest import layer
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
 
 POISON = 0xA5  # the byte uninitialised memory reads as in these tests
+NAN_BYTE = 0xFF  # NaN in bf16, fp32, fp8 e4m3 and e8m0 alike
 
 # Native MXFP4 (the released checkpoint, rewritten by vLLM) and the
 # compressed-tensors MXFP4 method (other compressed-tensors formats).
@@ -55,42 +56,5 @@ def build_kimi_moe_layer(
         )
 
 
-def moe_layers_only_builder(kimi_model: Any) -> Any:
-    """``build(vllm_config, kimi_moe_cls)``: Kimi-K3's module tree with only
-    its MoE layers (``kimi_model``: vLLM's Kimi-K3 NVIDIA model module), for
-    loading a checkpoint; see the ``moe_layers_only_model`` fixture."""
-
-    class MoeLayersOnlyTextModel(kimi_model.KimiLinearModel):
-        def __init__(self, config: Any, layers: nn.ModuleList) -> None:
-            nn.Module.__init__(self)  # none of KimiLinearModel's own layers
-            self.config = config
-            self.layers = layers
-
-    def build(vllm_config: Any, kimi_moe_cls: type) -> nn.Module:
-        config = vllm_config.model_config.hf_text_config
-        layers = nn.ModuleList()
-        for index in range(config.num_hidden_layers):
-            layer = nn.Module()
-            if (
-                index >= config.first_k_dense_replace
-                and index % config.moe_layer_freq == 0
-            ):
-                layer.block_sparse_moe = build_kimi_moe_layer(
-                    kimi_moe_cls,
-                    config,
-                    vllm_config,
-                    device="cpu",
-                    prefix=f"language_model.model.layers.{index}.block_sparse_moe",
-                )
-            layers.append(layer)
-        model = nn.Module()
-        model.language_model = nn.Module()
-        model.language_model.model = MoeLayersOnlyTextModel(config, layers)
-        return model
-
-    return build
-
-
-def routed_experts(moe: nn.Module) -> nn.Module:
-    """The ``RoutedExperts`` that owns the expert parameters of a ``KimiMoE``."""
-    return moe.experts.routed_experts
+# A built layer's routed experts, as the selftest reads them.
+routed_experts = layer.routed_experts

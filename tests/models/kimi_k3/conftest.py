@@ -23,7 +23,6 @@ from tests.models.kimi_k3.builders import (
     POISON,
     build_kimi_moe_layer,
     kimi_k3_text_config,
-    moe_layers_only_builder,
     routed_experts,
 )
 from tests.models.kimi_k3.gpu_stand_ins import (
@@ -39,6 +38,7 @@ from vllm_kimi_k3_moe.tools.build.stand_ins import (
     moe_kernels_on_their_gpu,
 )
 from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+from vllm_kimi_k3_moe.tools.selftest.layer import build_moe_layers
 from vllm_kimi_k3_moe.tools.topology import Topology
 
 
@@ -169,6 +169,20 @@ def decoder_layer_on_cpu(
     monkeypatch.setattr(torch.cuda, "Stream", CudaStreamStandIn)
 
 
+@pytest.fixture
+def one_cpu_thread() -> Iterator[None]:
+    """Run torch on one thread: at the forward tests' tiny shapes, on a small
+    machine shared with other work, two OpenMP threads waiting on each other
+    make loading and the forward several times slower. Results are checked
+    to a tolerance, and bit-for-bit comparisons run under the same setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def moe_layers_only_model(kimi_model: ModuleType) -> Callable[..., nn.Module]:
     """Build Kimi-K3's module tree with only its MoE layers, for loading a
@@ -178,6 +192,14 @@ def moe_layers_only_model(kimi_model: ModuleType) -> Callable[..., nn.Module]:
     ``language_model.model.layers.N.block_sparse_moe``, built as
     ``KimiDecoderLayer`` builds it) and ``KimiLinearModel.load_weights``, with
     its Kimi-K3 expert name mapping, reached through vLLM's
-    ``AutoWeightsLoader`` with ``KimiK3ForConditionalGeneration``'s mapper."""
+    ``AutoWeightsLoader`` with ``KimiK3ForConditionalGeneration``'s mapper.
+    The selftest's own build (``selftest.layer.build_moe_layers``), on the
+    CPU."""
 
-    return moe_layers_only_builder(kimi_model)
+    def build(vllm_config: object, kimi_moe_cls: type) -> nn.Module:
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(vllm_config):
+            return build_moe_layers(kimi_model, kimi_moe_cls, vllm_config, "cpu")
+
+    return build

@@ -1,8 +1,9 @@
 """Build vLLM's real Kimi-K3 model for one rank of a deployment, on a CPU.
 
-Offline only (``plan``, ``check --moe-backend``, the test suite): nothing
-here runs in a serving process. ``vllm_config`` makes the ``VllmConfig``
-``vllm serve`` would, ``rank`` poses the process as a rank, ``whole_model``
+Offline only (``plan``, ``check --moe-backend``, ``selftest``, the test
+suite): nothing here runs in a serving process. ``vllm_config`` makes the
+``VllmConfig`` ``vllm serve`` would, ``rank`` poses the process as a rank,
+``whole_model``
 builds the language model on ``meta`` and ``allocation`` reads what it
 allocates, ``kv_cache`` sizes the KV cache with vLLM's own planner.
 
@@ -61,6 +62,22 @@ suite's build tests fail when a name moves.
     ``KimiK3ForConditionalGeneration`` asks for it to move the vision tower,
     which it skips on ``meta``; a CPU box's platform has no current device.
     Re-check: the wrapper's ``__init__``.
+``stand_ins.moe_forward_on_cpu``
+    Defines ``torch.ops._C.situ_and_mul`` with a CPU kernel (vLLM's own
+    ``SituAndMul.forward_native``) and replaces ``fused_batched_moe.
+    _is_capturing_or_compiling`` (compile check only). Why: vLLM's batched
+    reference MoE kernel, which ``selftest`` on a CPU and the forward tests
+    run, calls the CUDA SiTU op of ``vllm._C`` and asks the CUDA driver
+    whether a graph is being captured; a CPU box has neither. Re-check: the
+    op's schema and the capture check's name in ``fused_batched_moe``.
+``stand_ins.one_gpu_for_the_data_parallel_group``
+    Replaces a rank's ``FusedMoEConfig.moe_parallel_config`` by a copy with
+    DP size 1 while ``selftest`` on a GPU makes its kernel
+    (``process_weights_after_loading``). Why: with DP, vLLM makes an
+    all-gather/reduce-scatter prepare/finalize over the DP group, which one
+    GPU posing as every rank cannot form; the selftest sums the ranks
+    itself. Re-check: ``all2all_utils.maybe_make_prepare_finalize``'s
+    reading of ``dp_size``; the default ``all2all_backend``.
 ``whole_model.kimi_moe_class``
     Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
     ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's

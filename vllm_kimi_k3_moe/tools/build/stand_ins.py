@@ -20,6 +20,7 @@ they are stood in for here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import pkgutil
@@ -340,3 +341,91 @@ def moe_kernel_of_the_gpu(deployment: Deployment) -> Any:
     if deployment.quantization == mxfp4.COMPRESSED_TENSORS.name:
         return compressed_tensors_mxfp4_kernel(deployment.backend)
     return moe_kernels_on_their_gpu()
+
+
+# --- running vLLM's MoE forward on one machine -------------------------------
+
+
+def _situ_and_mul_on_cpu(out: Any, input: Any, beta: float, linear_beta: float) -> None:
+    """``_C::situ_and_mul`` as vLLM's own ``SituAndMul.forward_native``
+    computes it (``linear_beta <= 0`` means unset, as for the CUDA kernel)."""
+    from vllm.model_executor.layers.activation import SituAndMul
+
+    # Not SituAndMul(beta, linear_beta): a CustomOp's __init__ wants a current
+    # VllmConfig to pick its dispatch; forward_native reads only the betas.
+    activation = SituAndMul.__new__(SituAndMul)
+    activation.beta = float(beta)
+    activation.linear_beta = None if linear_beta <= 0 else float(linear_beta)
+    out.copy_(SituAndMul.forward_native(activation, input))
+
+
+@contextmanager
+def situ_and_mul_op_on_cpu() -> Iterator[None]:
+    """vLLM's MoE activation (``apply_moe_activation``) calls
+    ``torch.ops._C.situ_and_mul``, a CUDA kernel from ``vllm._C``, which a
+    CUDA wheel on a CPU box does not load (``No module named 'vllm._C'``).
+    The op is defined for the block with a CPU kernel that is vLLM's own
+    pure-torch SiTU; the definition is removed again on exit. Holds no
+    parameters."""
+    import torch
+
+    library = torch.library.Library("_C", "FRAGMENT")
+    try:
+        library.define(
+            "situ_and_mul(Tensor! out, Tensor input, float beta, "
+            "float linear_beta) -> ()"
+        )
+        library.impl("situ_and_mul", _situ_and_mul_on_cpu, "CPU")
+        yield
+    finally:
+        library._destroy()
+
+
+def _compiling_only() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
+@contextmanager
+def moe_forward_on_cpu() -> Iterator[None]:
+    """What vLLM's batched reference MoE kernel (``NaiveBatchedExperts``, the
+    CPU path of ``selftest`` and of the forward-equivalence tests) needs from
+    a GPU: the SiTU op (``situ_and_mul_op_on_cpu``), and an answer to
+    ``fused_batched_moe._is_capturing_or_compiling``, which asks the CUDA
+    driver whether a CUDA graph is being captured
+    (``torch.accelerator.current_stream()`` raises without one): nothing is
+    captured on a CPU, so only the compile half of the question is asked.
+    Neither changes a result; both are put back on exit."""
+    from vllm.model_executor.layers.fused_moe.experts import fused_batched_moe
+
+    with (
+        situ_and_mul_op_on_cpu(),
+        replaced_attributes(
+            fused_batched_moe, _is_capturing_or_compiling=_compiling_only
+        ),
+    ):
+        yield
+
+
+@contextmanager
+def one_gpu_for_the_data_parallel_group(moe_config: Any) -> Iterator[None]:
+    """While a rank's MoE kernel is made (``process_weights_after_loading``)
+    its ``FusedMoEConfig`` says data-parallel size 1: vLLM then makes the
+    local prepare/finalize (``MoEPrepareAndFinalizeNoDPEP*``) instead of the
+    all-gather/reduce-scatter over the DP group
+    (``all2all_utils.maybe_make_prepare_finalize``), which one GPU posing as
+    each rank in turn cannot form. The selftest gives every rank all tokens
+    and sums the ranks, which is what the all-gather and reduce-scatter
+    compute for one DP rank's tokens. The rank's TP size and rank (vLLM
+    flattens them over DP), its EP size and rank and its expert map are left
+    as built; the default all-to-all backend (``allgather_reducescatter``)
+    makes the same experts kernel either way. Without DP, nothing changes.
+    Holds no parameters."""
+    parallel = moe_config.moe_parallel_config
+    if parallel.dp_size == 1:
+        yield
+        return
+    local = dataclasses.replace(parallel, dp_size=1, dp_rank=0)
+    with replaced_attributes(moe_config, moe_parallel_config=local):
+        yield

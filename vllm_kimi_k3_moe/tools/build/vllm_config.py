@@ -86,13 +86,15 @@ def rank_vllm_config(
     topology: Topology,
     moe_backend: str,
     serving: Serving | None = None,
+    device: str = "cpu",
 ) -> Any:
     """A fresh ``VllmConfig`` (and ``ModelConfig``: vLLM's model hooks run
     once per one, and vLLM refuses two layers of one name under one
     config) for a rank of ``topology`` as ``vllm serve --moe-backend
     moe_backend`` makes it on an NVIDIA GPU, for the model in ``model_dir``
     (``serving``: vLLM's defaults and the model's context length if not
-    given). Where this CPU box's platform turned off what CUDA keeps on (the
+    given), on ``device`` (``selftest`` builds on ``cuda`` where it has a
+    GPU). Where this CPU box's platform turned off what CUDA keeps on (the
     hybrid KV-cache manager), CUDA's setting is put back."""
     from vllm.config import (
         CacheConfig,
@@ -107,7 +109,7 @@ def rank_vllm_config(
     serving = serving or Serving(max_model_len=model_config.max_model_len)
     vllm_config = VllmConfig(
         model_config=model_config,
-        device_config=DeviceConfig(device="cpu"),
+        device_config=DeviceConfig(device=device),
         parallel_config=ParallelConfig(
             tensor_parallel_size=topology.tp_size,
             data_parallel_size=topology.dp_size,

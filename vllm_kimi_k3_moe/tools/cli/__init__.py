@@ -5,10 +5,12 @@ format fits a deployment's GPUs and how much KV cache is then left, as vLLM
 allocates it and as it does with this plugin installed. ``check`` verifies,
 from a checkpoint's ``config.json`` and shard headers, that every
 routed-expert tensor will land on every rank, before a deployment spends its
-GPUs finding out. ``--version`` says what is installed and what is
-supported, for bug reports.
+GPUs finding out. ``selftest``, on one GPU of the cluster, runs every
+rank's partition through the kernel vLLM selects there and sums the ranks
+against the unsharded experts. ``--version`` says what is installed and
+what is supported, for bug reports.
 
-Each subcommand is one module (``plan``, ``check``) whose ``add_command``
+Each subcommand is one module (``plan``, ``check``, ``selftest``) whose ``add_command``
 adds its parser and names its ``run`` function (``set_defaults(run=...)``);
 ``main`` parses and calls it. Input is validated before vLLM is imported,
 and bad input ends with one line on stderr and exit status 2.
@@ -21,11 +23,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.tools.cli import check, plan
+from vllm_kimi_k3_moe.tools.cli import check, plan, selftest
 from vllm_kimi_k3_moe.tools.cli.common import PROG, OneLineErrorParser
 from vllm_kimi_k3_moe.tools.cli.version import version_report
 
-SUBCOMMANDS = (plan, check)
+SUBCOMMANDS = (plan, check, selftest)
 
 
 class _PrintVersion(argparse.Action):

@@ -1,5 +1,5 @@
 """What every subcommand's parser shares: one-line errors, number parsing,
-the topology options, and vLLM's logs kept off stdout."""
+the topology, format and kernel options, and vLLM's logs kept off stdout."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
+
+from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS
 
 PROG = "vllm-kimi-k3-moe"
 USAGE_ERROR = 2
@@ -107,3 +109,30 @@ def quiet_vllm() -> Iterator[None]:
             if failed:
                 captured.seek(0)
                 sys.stderr.write(captured.read().decode(errors="replace"))
+
+
+def add_format_and_backend(command: argparse.ArgumentParser) -> None:
+    """``--quantization`` and ``--moe-backend``, as ``plan`` takes them."""
+    command.add_argument(
+        "--quantization",
+        choices=FORMAT_NAMES,
+        default="mxfp4",
+        help="the checkpoint's format, with its published quantization config: "
+        "mxfp4 (the release, compressed-tensors mxfp4-pack-quantized, which "
+        "vLLM serves as native MXFP4), ct-mxfp4 (other compressed-tensors "
+        "MXFP4), fp8-block, nvfp4 (compressed-tensors), modelopt-nvfp4, "
+        "w4a16 (INT4), bf16 (default: mxfp4)",
+    )
+    command.add_argument(
+        "--moe-backend",
+        default="marlin",
+        metavar="NAME",
+        help="vLLM's --moe-backend, the MoE kernel (default: marlin; the "
+        "format's choices are below); 'auto' is refused: vLLM resolves it "
+        "from the GPU it starts on",
+    )
+
+
+def backends_by_format() -> str:
+    """Each format's ``--moe-backend`` choices, for an epilog."""
+    return "; ".join(f"{f.name}: {', '.join(f.moe_backends)}" for f in FORMATS)

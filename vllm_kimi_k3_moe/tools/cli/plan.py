@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS, format_named
+from vllm_kimi_k3_moe.formats import format_named
 from vllm_kimi_k3_moe.tools.cli.common import (
     add_dp_and_ep,
+    add_format_and_backend,
+    backends_by_format,
     fail,
     fraction,
     positive_float,
@@ -59,10 +61,6 @@ if TYPE_CHECKING:
 DEFAULT_TP_SIZES = (8, 16, 32)
 
 
-def _backends_by_format() -> str:
-    return "; ".join(f"{f.name}: {', '.join(f.moe_backends)}" for f in FORMATS)
-
-
 def _gpus() -> str:
     return ", ".join(f"{p.name} ({p.memory_gib:g} GiB)" for p in GPU_PRESETS.values())
 
@@ -88,7 +86,7 @@ def add_command(commands: Subcommands) -> None:
         ),
         epilog=(
             f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees. "
-            f"MoE backends per format (--moe-backend): {_backends_by_format()}. "
+            f"MoE backends per format (--moe-backend): {backends_by_format()}. "
             "Exit status: 0 printed, 2 unusable input (one line on stderr)."
         ),
     )
@@ -130,24 +128,7 @@ def add_command(commands: Subcommands) -> None:
         "(default: 1)",
     )
     add_dp_and_ep(plan)
-    plan.add_argument(
-        "--quantization",
-        choices=FORMAT_NAMES,
-        default="mxfp4",
-        help="the checkpoint's format, with its published quantization config: "
-        "mxfp4 (the release, compressed-tensors mxfp4-pack-quantized, which "
-        "vLLM serves as native MXFP4), ct-mxfp4 (other compressed-tensors "
-        "MXFP4), fp8-block, nvfp4 (compressed-tensors), modelopt-nvfp4, "
-        "w4a16 (INT4), bf16 (default: mxfp4)",
-    )
-    plan.add_argument(
-        "--moe-backend",
-        default="marlin",
-        metavar="NAME",
-        help="vLLM's --moe-backend, the MoE kernel (default: marlin; the "
-        "format's choices are below); 'auto' is refused: vLLM resolves it "
-        "from the GPU it starts on",
-    )
+    add_format_and_backend(plan)
     plan.add_argument(
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,

@@ -1,0 +1,163 @@
+"""``vllm-kimi-k3-moe selftest`` on a CPU, as CI runs it: the release at TP32
+through the command (the partition read from every built rank, vLLM alone's
+next to it, no timing), FP8 blocks as JSON, a real checkpoint of which only
+the first MoE layer's experts are read, the verdict "wrong" when the
+plugin is taken out, and bad input refused in one line before vLLM is
+imported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.models.kimi_k3.forward_cases import CPU, SMALL
+from tests.models.kimi_k3.kimi_k3_checkpoint import (
+    KimiK3Spec,
+    checkpoint_tensors,
+    expert_tensor_name,
+    split_into_shards,
+    write_checkpoint,
+)
+from tests.test_cli import run_fresh
+from vllm_kimi_k3_moe.tools import cli
+from vllm_kimi_k3_moe.tools.selftest.harness import SelftestCase, vllm_alone
+from vllm_kimi_k3_moe.tools.selftest.report import screen
+from vllm_kimi_k3_moe.tools.selftest.run import run_selftest
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.topology import Topology
+
+E8M0_ONE = 127  # an MXFP4 scale byte of 2^0
+
+
+def selftest(capsys, *argv: str) -> tuple[int, str]:
+    """(exit status, stdout) of ``vllm-kimi-k3-moe selftest ARGV``, in
+    this process (vLLM imported once for the session)."""
+    status = cli.main(["selftest", *argv])
+    return status, capsys.readouterr().out
+
+
+def test_the_release_at_tp32_on_a_cpu(kimi_model, capsys) -> None:
+    status, out = selftest(capsys, "--tp", "32")
+    first, *lines = out.splitlines()
+    assert status == 0, out
+    assert first.startswith("selftest on CPU, no CUDA device:")
+    assert first.endswith("256 wide (not 3584), untimed")
+    assert not [line for line in lines if line.startswith("time")]
+    assert "MarlinExperts (Mxfp4MoEMethod)" in out
+    # Marlin's MXFP4 partition: 3072 / 32 = 96 rows, padded to 128
+    assert "partition   GPUs 0-31: 128 rows per expert (96 loaded), 32 experts" in (
+        lines
+    )
+    assert "vLLM alone  256 rows per expert on GPU 0" in lines
+    assert lines[-1].startswith("OK ")
+
+
+@pytest.fixture
+def small_config(tmp_path) -> Path:
+    """Kimi-K3's config.json with 4 experts, top-2."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"text_config": {**KIMI_K3_TEXT_CONFIG, **SMALL}}))
+    return path
+
+
+def test_fp8_blocks_at_tp32_as_json(kimi_model, capsys, small_config) -> None:
+    status, out = selftest(
+        capsys,
+        *("--tp", "32", "--quantization", "fp8-block", "--moe-backend", "triton"),
+        *("--config", str(small_config), "--json"),
+    )
+    report = json.loads(out)
+    assert status == 0, out
+    assert (report["status"], report["timed"], report["times_us"]) == (
+        "ok",
+        False,
+        None,
+    )
+    assert report["kernel"].startswith("TritonExperts")
+    # every rank allocates 128 rows; whole 128-row blocks: ranks 0-23 hold
+    # one each, 24-31 none (a zero pad)
+    assert [p["rows"] for p in report["partitions"]] == [128] * 32
+    assert [p["rows_loaded"] for p in report["partitions"]] == [
+        [128 * r, 128 * r + 128] for r in range(24)
+    ] + [[3072, 3072]] * 8
+    assert report["vllm_alone"] == {"rows": 256, "error": None}
+    assert all(report["errors"][n] <= report["allowed"][n] for n in ("1", "16", "128"))
+
+
+def test_only_the_first_moe_layers_experts_are_read(
+    kimi_model, capsys, tmp_path
+) -> None:
+    """A multi-layer checkpoint in the release's format whose every shard
+    but the one holding layer 1's first experts is unreadable."""
+    spec = KimiK3Spec()  # 8 experts, top-2: the selftest keeps experts 0-3
+    tensors = checkpoint_tensors(spec)
+    for name, tensor in tensors.items():
+        if name.endswith("weight_scale"):
+            tensor.fill_(E8M0_ONE)  # finite products in FP32
+    shards = write_checkpoint(tmp_path, spec, split_into_shards(tensors, spec.shards))
+    read = {
+        expert_tensor_name(1, expert, projection, suffix)
+        for expert in range(4)
+        for projection in ("w1", "w3", "w2")
+        for suffix in ("weight_packed", "weight_scale")
+    }
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    (holder,) = {index["weight_map"][name] for name in read}
+    for name in {index["weight_map"][name] for s in shards for name in s} - {holder}:
+        (tmp_path / name).write_bytes(b"")  # safetensors cannot open it
+    status, out = selftest(capsys, "--tp", "32", "--checkpoint", str(tmp_path))
+    assert status == 0, out
+    assert f"from layer 1 of {tmp_path}" in out
+    assert "experts     4 of 8 (top-2), 3072 rows x 256 wide" in out
+
+
+def test_without_the_plugin_the_selftest_says_wrong(kimi_model, tmp_path) -> None:
+    # vLLM alone's FP8 blocks at TP32: 256 rows per rank, 96 loaded, no
+    # block scale loaded (README: relative error ~1)
+    case = SelftestCase("fp8-block", Topology(32), "triton", text_config=SMALL)
+    with vllm_alone(kimi_model):
+        result = run_selftest(case, CPU, kimi_model, tmp_path)
+    assert not result.ok
+    assert {p.allocated for p in result.partitions} == {256}
+    assert screen(result).splitlines()[-1].startswith("WRONG ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--tp", "24"], "does not divide Kimi-K3's vocabulary"),
+        (
+            ["--quantization", "fp8-block", "--moe-backend", "cutlass"],
+            "unknown MoE backend 'cutlass' for fp8-block",
+        ),
+        (["--checkpoint", "/nonexistent"], "is not a directory"),
+        (
+            ["--checkpoint", ".", "--config", "config.json"],
+            "give --checkpoint or --config",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, words) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["selftest", *argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_checkpoint_without_the_experts_is_refused_before_vllm(
+    tmp_path, capsys
+) -> None:
+    spec = KimiK3Spec()
+    tensors = checkpoint_tensors(spec)
+    missing = expert_tensor_name(1, 2, "w3", "weight_scale")
+    del tensors[missing]
+    write_checkpoint(tmp_path, spec, split_into_shards(tensors, spec.shards))
+    argv = ("selftest", "--tp", "32", "--checkpoint", str(tmp_path))
+    status, _, imported = run_fresh(*argv)
+    assert (status, imported) == (2, [])  # neither torch nor vLLM imported
+    with pytest.raises(SystemExit):
+        cli.main(list(argv))
+    assert f"has no {missing}; run vllm-kimi-k3-moe check" in capsys.readouterr().err

@@ -1,0 +1,191 @@
+"""One selftest: a layout's ranks against the unsharded experts, judged
+against the same kernel unsharded, and next to vLLM alone.
+
+The same kernel at one rank holding every row (TP1, no pads) is run first:
+its error is the kernel's own (its activation quantization, BF16 rounding),
+and the layout's must stay within twice it (or the path's floor). A layout
+with a wrong partition, pad or scale is off by far more (vLLM alone's, in
+docs/design.md: 0.96 to 56, or NaN). Then rank 0 is built again with the
+plugin taken out of the process (``harness.vllm_alone``), for vLLM alone's
+partition and, on a GPU, its time next to the plugin's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.selftest.checkpoint import ExpertCheckpoint
+from vllm_kimi_k3_moe.tools.selftest.harness import (
+    LoadedRank,
+    PreparedLayer,
+    SelftestCase,
+    deployment_outputs,
+    errors_of,
+    loaded_rank,
+    prepare_layer,
+    ranks_of,
+    vllm_alone,
+)
+from vllm_kimi_k3_moe.tools.selftest.kernels import KernelPath
+from vllm_kimi_k3_moe.tools.selftest.reference import BATCH_SIZES
+from vllm_kimi_k3_moe.tools.selftest.shape import MoeShape
+from vllm_kimi_k3_moe.tools.selftest.timing import median_microseconds
+from vllm_kimi_k3_moe.tools.topology import Topology
+
+# The layout's error may be this many times the unsharded kernel's: each
+# rank rounds its partial sum, and the ranks' roundings add up.
+SHARDING_ALLOWANCE = 2.0
+
+
+class SelftestUnusable(ValueError):
+    """The kernel cannot run this format on this machine at all (not even
+    unsharded); one line."""
+
+
+@dataclass(frozen=True)
+class RankPartition:
+    """What one rank allocated, read from its built layer."""
+
+    rank: Rank
+    allocated: int  # intermediate rows per expert
+    local_experts: int
+
+
+@dataclass
+class SelftestResult:
+    """Everything ``report`` prints."""
+
+    case: SelftestCase
+    shape: MoeShape
+    device: str  # "cpu" or the GPU's name
+    timed: bool  # a GPU kernel's times
+    checkpoint: Path | None  # the real checkpoint read, or None (synthetic)
+    kernel: str = ""
+    partitions: list[RankPartition] = field(default_factory=list)
+    rows_loaded: list[tuple[int, int]] = field(default_factory=list)  # per rank
+    errors: dict[int, float] = field(default_factory=dict)  # tokens -> error
+    unsharded: dict[int, float] = field(default_factory=dict)
+    tolerances: dict[int, float] = field(default_factory=dict)
+    floor: float = 0.0  # the least of them: the path's arithmetic
+    failure: str | None = None  # how the plugin's layout failed to run
+    vllm_alone: int | None = None  # vLLM alone's rank-0 partition
+    vllm_alone_failure: str | None = None
+    # tokens -> (plugin's, vLLM alone's) median microseconds of rank 0
+    times: dict[int, tuple[float, float | None]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.failure is None
+            and bool(self.errors)
+            and all(
+                math.isfinite(error) and error <= self.tolerances[tokens]
+                for tokens, error in self.errors.items()
+            )
+        )
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _times(loaded: LoadedRank, layer: PreparedLayer) -> dict[int, float]:
+    return {
+        tokens: median_microseconds(loaded.forward, *layer.inputs.first(tokens))
+        for tokens in BATCH_SIZES
+    }
+
+
+def _compare_with_vllm_alone(
+    path: KernelPath,
+    case: SelftestCase,
+    kimi_model: ModuleType,
+    layer: PreparedLayer,
+    result: SelftestResult,
+) -> None:
+    """vLLM alone's rank 0: its partition and, on a GPU, its time."""
+    try:
+        with (
+            vllm_alone(kimi_model),
+            loaded_rank(
+                path, case, kimi_model, layer, ranks_of(case.topology)[0]
+            ) as loaded,
+        ):
+            result.vllm_alone = loaded.experts.intermediate_size_per_partition
+            if path.timed:
+                alone = _times(loaded, layer)
+                result.times = {
+                    tokens: (plugin, alone[tokens])
+                    for tokens, (plugin, _) in result.times.items()
+                }
+    except Exception as error:  # what vLLM alone cannot build or run
+        result.vllm_alone_failure = _one_line(error)
+
+
+def run_selftest(
+    case: SelftestCase,
+    path: KernelPath,
+    kimi_model: ModuleType,
+    workdir: Path,
+    checkpoint: ExpertCheckpoint | None = None,
+    device_name: str = "cpu",
+) -> SelftestResult:
+    """Run ``case`` on ``path`` with the layer's experts from ``checkpoint``
+    (None: a synthetic checkpoint in the format), working in ``workdir``.
+    ``SelftestUnusable`` if the kernel does not run the format unsharded."""
+    layer = prepare_layer(case, path, workdir, checkpoint)
+    result = SelftestResult(
+        case,
+        layer.shape,
+        device_name,
+        path.timed,
+        checkpoint.directory if checkpoint else None,
+    )
+    try:
+        unsharded = deployment_outputs(path, case, kimi_model, layer, Topology(1))
+    except Exception as error:
+        raise SelftestUnusable(
+            f"vLLM does not run {case.quantization} on --moe-backend "
+            f"{case.backend} here ({device_name}), not even unsharded: "
+            f"{_one_line(error)}"
+        ) from error
+    result.unsharded = errors_of(unsharded, layer)
+    if not all(math.isfinite(error) for error in result.unsharded.values()):
+        result.failure = (
+            "the unsharded layer (one rank, every row) is not finite on this "
+            "kernel: the layout cannot be judged"
+        )
+        return result
+    result.floor = path.floor
+    result.tolerances = {
+        tokens: max(path.floor, SHARDING_ALLOWANCE * error)
+        for tokens, error in result.unsharded.items()
+    }
+    if not case.topology.expert_parallel:
+        result.rows_loaded = layer.format.rank_rows(
+            layer.shape.intermediate, case.topology.moe_group
+        )
+
+    def record(rank: Rank, loaded: LoadedRank) -> None:
+        experts = loaded.experts
+        result.kernel = result.kernel or path.kernel(experts)
+        result.partitions.append(
+            RankPartition(
+                rank, experts.intermediate_size_per_partition, experts.local_num_experts
+            )
+        )
+        if path.timed and len(result.partitions) == 1:
+            result.times = {n: (t, None) for n, t in _times(loaded, layer).items()}
+
+    try:
+        outputs = deployment_outputs(path, case, kimi_model, layer, on_rank=record)
+        result.errors = errors_of(outputs, layer)
+    except Exception as error:  # a rank the plugin's layout cannot build or run
+        result.failure = f"rank {len(result.partitions)}: {_one_line(error)}"
+    _compare_with_vllm_alone(path, case, kimi_model, layer, result)
+    return result
