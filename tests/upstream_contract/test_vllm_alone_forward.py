@@ -1,7 +1,9 @@
 """vLLM 0.33.0 alone (its own ``KimiMoE``, no plugin): what every rank's Kimi-K3
 routed experts, through vLLM's own MoE forward and summed over the ranks,
 compute against the unsharded experts, in every published format at TP16 and
-TP32. Where vLLM alone computes the wrong function, the error is recorded here.
+TP32 and in INT4 groups of 128; where vLLM alone computes the wrong function,
+the error is recorded here, and where it cannot build the layout (experts
+split through data parallelism), its error.
 
 The same comparison as ``tests/models/kimi_k3/test_forward_equivalence.py``
 (the selftest's harness on the CPU reference kernel), with the plugin taken
@@ -21,6 +23,7 @@ import pytest
 from tests.models.kimi_k3.builders import NAN_BYTE
 from tests.models.kimi_k3.forward_cases import CPU, TOLERANCE, layer_cache, small_case
 from tests.models.kimi_k3.gpu_stand_ins import uninitialised_memory_reads
+from tests.models.kimi_k3.test_forward_equivalence import INT4_GROUPS_OF_128
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     deployment_outputs,
     errors_of,
@@ -43,7 +46,7 @@ TOKENS = 128  # a recorded error is the one over every token
 # rows per rank at TP16 (192 loaded) and TP32 (96 loaded); a pad is what it
 # allocated.
 VLLM_ALONE = [
-    # fmt, TP, memory read as zero bytes, as 0xFF bytes
+    # fmt, TP, memory read as zero bytes, as 0xFF bytes (config: published)
     # Mxfp4MoEMethod allocates with torch.zeros: the pads stay zero.
     ("mxfp4", 16, EXACT, EXACT),
     ("mxfp4", 32, EXACT, EXACT),
@@ -66,6 +69,21 @@ VLLM_ALONE = [
     ("w4a16", 32, 56.38, 28.7),
     ("bf16", 16, EXACT, NAN),
     ("bf16", 32, EXACT, NAN),
+]
+# INT4 in groups of 128: vLLM alone loads 192 or 96 rows per rank with the
+# group scales of 3072 / 128 = 24 groups split 24 // TP per rank (TP16: one,
+# for 1.5 groups of rows; TP32: none), into 256 rows whose pad is int4 -8.
+INT4_G128_ALONE = [
+    (16, 11.63, 5.976),
+    (32, 58.23, 29.77),
+]
+# Where vLLM alone does not build the layout at all: every expert split
+# over 32 GPUs through data parallelism (96 rows each, no model-level
+# padding), which its FP8 block method and Marlin's check refuse.
+CANNOT_BUILD = [
+    ("fp8-block", None, Topology(8, dp_size=4), "not divisible by weight "),
+    ("fp8-block", None, Topology(4, dp_size=8), "not divisible by weight "),
+    ("w4a16", INT4_GROUPS_OF_128, Topology(8, dp_size=4), "Marlin not supported"),
 ]
 
 
@@ -103,3 +121,36 @@ def test_vllm_alone_against_the_unsharded_experts(
             )
         what = f"vLLM alone, {fmt} TP{tp_size}, memory 0x{byte:02X}"
         assert_recorded(errors_of(output, layer(case)), recorded, what)
+
+
+@pytest.mark.parametrize(
+    ("tp_size", "zero_memory", "nan_memory"),
+    INT4_G128_ALONE,
+    ids=[f"TP{tp_size}" for tp_size, *_ in INT4_G128_ALONE],
+)
+def test_vllm_alone_with_int4_groups_of_128(
+    tp_size, zero_memory, nan_memory, layer, kimi_model
+):
+    case = small_case("w4a16", Topology(tp_size), INT4_GROUPS_OF_128)
+    for byte, recorded in ((ZERO_BYTE, zero_memory), (NAN_BYTE, nan_memory)):
+        with vllm_alone(kimi_model):
+            output = deployment_outputs(
+                CPU,
+                case,
+                kimi_model,
+                layer(case),
+                building=lambda byte=byte: uninitialised_memory_reads(byte),
+            )
+        what = f"vLLM alone, INT4 g128 TP{tp_size}, memory 0x{byte:02X}"
+        assert_recorded(errors_of(output, layer(case)), recorded, what)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "config", "topology", "refusal"),
+    CANNOT_BUILD,
+    ids=[f"{f}-{t.label().replace(' ', '-')}" for f, _, t, _ in CANNOT_BUILD],
+)
+def test_vllm_alone_cannot_build(fmt, config, topology, refusal, layer, kimi_model):
+    case = small_case(fmt, topology, config)
+    with vllm_alone(kimi_model), pytest.raises(ValueError, match=refusal):
+        deployment_outputs(CPU, case, kimi_model, layer(case))

@@ -60,12 +60,12 @@ FORMAT_TENSORS: dict[str, list[tuple[str, Shape, str]]] = {
     "awq": [
         ("qweight", lambda rows, cols: (cols, rows // 8), "I32"),
         ("qzeros", lambda rows, cols: (cols // 128, rows // 8), "I32"),
-        ("scales", lambda rows, cols: (cols // 128, rows), "F16"),
+        ("scales", lambda rows, cols: (cols // 128, rows), "BF16"),
     ],
     "gptq": [
         ("qweight", lambda rows, cols: (cols // 8, rows), "I32"),
         ("qzeros", lambda rows, cols: (cols // 128, rows // 8), "I32"),
-        ("scales", lambda rows, cols: (cols // 128, rows), "F16"),
+        ("scales", lambda rows, cols: (cols // 128, rows), "BF16"),
     ],
     "bf16": [("weight", lambda rows, cols: (rows, cols), "BF16")],
 }

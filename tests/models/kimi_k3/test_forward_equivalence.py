@@ -1,6 +1,9 @@
 """With the plugin, every rank's Kimi-K3 routed experts, through vLLM's own MoE
 forward, add up to the unsharded experts, in every published format at TP16
-and TP32, and pads poisoned with NaN bytes before loading change no bit.
+and TP32, in INT4 groups of 128 (each GPU whole groups) and with the experts
+split through data parallelism (TP8 x DP4, TP4 x DP8: each rank its own TP
+and DP rank), and pads poisoned with NaN bytes before loading change no
+bit.
 
 The selftest's harness on vLLM's CPU reference kernel (``forward_cases``):
 each rank built and loaded as vLLM builds and loads it (the checkpoint's
@@ -24,6 +27,7 @@ import torch
 from tests.models.kimi_k3.builders import NAN_BYTE
 from tests.models.kimi_k3.forward_cases import CPU, TOLERANCE, layer_cache, small_case
 from tests.models.kimi_k3.gpu_stand_ins import uninitialised_memory_reads
+from tests.models.kimi_k3.quantization_space import compressed_tensors_int
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     deployment_outputs,
     errors_of,
@@ -36,7 +40,11 @@ pytestmark = [
     pytest.mark.usefixtures("one_cpu_thread"),
 ]
 
-# vLLM alone pads at TP16 (3072 / 16 = 192 < 256) and TP32 (96).
+# INT4 in symmetric groups of 128 (GPTQ / AutoRound conversions): at TP16,
+# TP32 and TP8 x DP4 a GPU's even slice (192, 96, 96 rows) splits a group.
+INT4_GROUPS_OF_128 = compressed_tensors_int(4, 128, True)
+# vLLM alone pads at TP16 (3072 / 16 = 192 < 256) and TP32 (96); it pads
+# nothing at TP8 x DP4 and TP4 x DP8 (every expert over 32 GPUs: 96 rows).
 CASES = [
     # format, quantization_config (None: published), layout
     ("mxfp4", None, Topology(16)),
@@ -53,9 +61,17 @@ CASES = [
     ("w4a16", None, Topology(32)),
     ("bf16", None, Topology(16)),
     ("bf16", None, Topology(32)),
+    ("w4a16", INT4_GROUPS_OF_128, Topology(16)),
+    ("w4a16", INT4_GROUPS_OF_128, Topology(32)),
+    ("w4a16", INT4_GROUPS_OF_128, Topology(8, dp_size=4)),
+    ("fp8-block", None, Topology(8, dp_size=4)),
+    ("fp8-block", None, Topology(4, dp_size=8)),
 ]
 ROW = ("fmt", "config", "topology")
-IDS = [f"{fmt}-{topology.label().replace(' ', '-')}" for fmt, _, topology in CASES]
+IDS = [
+    f"{fmt}{'-g128' if config else ''}-{topology.label().replace(' ', '-')}"
+    for fmt, config, topology in CASES
+]
 cases = pytest.mark.parametrize(ROW, CASES, ids=IDS)
 
 
