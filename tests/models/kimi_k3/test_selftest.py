@@ -161,3 +161,17 @@ def test_a_checkpoint_without_the_experts_is_refused_before_vllm(
     with pytest.raises(SystemExit):
         cli.main(list(argv))
     assert f"has no {missing}; run vllm-kimi-k3-moe check" in capsys.readouterr().err
+
+
+def test_integer_zero_points_are_refused_before_vllm(tmp_path, capsys) -> None:
+    """vLLM's dequantizers the CPU reference uses take no INT zero points:
+    an asymmetric checkpoint is refused in one line, not judged wrong."""
+    from tests.models.kimi_k3.format_checkpoints import write_format_checkpoint
+
+    write_format_checkpoint(tmp_path, "ct-int4-g128-asym")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["selftest", "--tp", "32", "--checkpoint", str(tmp_path)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "no FP32 reference for compressed-tensors INT4 W4A16, groups of 128" in error
+    assert len(error.splitlines()) == 1

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe.formats.w4a16 import ZERO_POINT
 from vllm_kimi_k3_moe.tools.cli.common import (
     add_dp_and_ep,
     add_format_and_backend,
@@ -156,6 +157,15 @@ def _selftest_input(args: argparse.Namespace) -> SelftestInput:
             quantization, text_config = found, checkpoint.layout.text_config
         else:
             quantization, text_config = args.quantization or "mxfp4", _text_config(args)
+        if (
+            checkpoint is not None
+            and ZERO_POINT in checkpoint.layout.format.tensors.suffixes
+        ):
+            raise DeploymentError(
+                f"selftest has no FP32 reference for {checkpoint.layout.format.name} "
+                "(its zero points): vLLM's dequantizer for them is to be added "
+                "to tools/selftest/dequantize.py"
+            )
         if quantization not in WITH_REFERENCE:
             raise DeploymentError(
                 f"selftest has no FP32 reference for {quantization} (it has one "
