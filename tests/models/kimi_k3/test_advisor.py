@@ -163,7 +163,7 @@ def serve_arguments(command: str):
     ("deployment", "serving"),
     [
         (Deployment(32, expert_parallel=True), Serving()),
-        (Deployment(8, pp_size=2), Serving("fp8", 32768)),
+        (Deployment(8, pp_size=2, dcp_size=8), Serving("fp8", 32768)),
         (
             Deployment(4, pp_size=2, dp_size=2, expert_parallel=True),
             Serving(language_model_only=True),
@@ -177,6 +177,7 @@ def test_the_serve_command_parses_to_the_layout(kimi_model, deployment, serving)
     assert args.model == "/models/Kimi-K3"
     assert args.tensor_parallel_size == deployment.tp_size
     assert args.pipeline_parallel_size == deployment.pp_size
+    assert args.decode_context_parallel_size == deployment.dcp_size
     assert args.data_parallel_size == deployment.dp_size
     assert args.enable_expert_parallel == deployment.expert_parallel
     assert args.moe_backend == deployment.backend

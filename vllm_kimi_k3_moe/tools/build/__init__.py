@@ -16,7 +16,7 @@ suite's build tests fail when a name moves.
 
 ``rank.simulated_rank``
     Replaces ``vllm.distributed.parallel_state._TP``, ``_DP``, ``_PCP``,
-    ``_PP``, ``_EP`` (``GroupStandIn``, with the rank's place in each).
+    ``_DCP``, ``_PP``, ``_EP`` (``GroupStandIn``, with the rank's place in each).
     Why: without GPUs there are no torch.distributed groups; layers read
     only each group's size, this rank and first/last rank. Re-check: the
     group globals' names and the attributes layers read from them.
@@ -25,11 +25,14 @@ suite's build tests fail when a name moves.
     creates them for overlapping work; a CPU box has no CUDA runtime.
     Re-check: nothing in vLLM (torch's names).
 ``stand_ins.mla_attention_kernels``
-    Replaces ``get_attn_backend`` and ``get_mla_prefill_backend`` as
-    ``vllm.models.kimi_k3.nvidia.mla`` looks them up: a FlashMLA backend
-    subclass whose kernel object is a stand-in. Why: MLA's kernels are chosen
-    for, and imported on, the GPU. Re-check: the two names in ``mla.py``;
-    that FlashMLA's block sizes still match the GPU's first choice.
+    Replaces ``get_attn_backend``, ``get_mla_prefill_backend`` and
+    ``MLADCPManager`` as ``vllm.models.kimi_k3.nvidia.mla`` looks them up: a
+    FlashMLA backend subclass whose kernel object is a stand-in. Why: MLA's
+    kernels are chosen for, and imported on, the GPU; the DCP manager sets
+    up the DCP group's collectives and GPU workspaces (built only with
+    ``--decode-context-parallel-size`` above 1). Re-check: the three names
+    in ``mla.py``; that FlashMLA's block sizes still match the GPU's first
+    choice; that ``MLADCPManager`` still holds no parameter.
 ``stand_ins.linear_kernels_on_their_gpu``
     Replaces ``vllm.model_executor.kernels.linear.current_platform`` (as
     CUDA) and ``is_supported`` of every CUDA kernel in the private

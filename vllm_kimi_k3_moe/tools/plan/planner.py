@@ -157,8 +157,11 @@ class Planner:
         """The sharding of ``deployment``, built once: the whole model for its
         TP and expert parallelism; with DP, whose MoE group is TP x DP, the
         MLPs alone under that group, in a two-layer model (a dense layer and
-        an MoE layer; attention, embeddings and norms depend on TP alone)."""
-        sharding = replace(deployment, pp_size=1)
+        an MoE layer; attention, embeddings and norms depend on TP alone).
+        Decode context parallelism changes no parameter and no KV-cache spec
+        (a test builds it), only how vLLM's planner sizes the cache: it is
+        not part of the sharding."""
+        sharding = replace(deployment, pp_size=1, dcp_size=1)
         if sharding in self._builds:
             return self._builds[sharding]
         whole_sharding = replace(sharding, dp_size=1)
@@ -187,6 +190,7 @@ class Planner:
         """Size ``deployment`` (validated here first)."""
         validate(self.text_config, deployment)
         built = self._built(deployment)
+        kv = built.kv.with_decode_context(deployment.dcp_size)
         num_layers = self.text_config["num_hidden_layers"]
         ranges = pipeline_stages(num_layers, deployment.pp_size)
         last = len(ranges) - 1
@@ -212,7 +216,7 @@ class Planner:
             moe=moe,
             serving=self.serving,
             stages=stages,
-            kv_cache=built.kv.shape,
+            kv_cache=kv.shape,
             serve_command=serve_command(
                 deployment,
                 self.serving,
@@ -226,13 +230,13 @@ class Planner:
         return replace(
             plan,
             budget=self.budget,
-            upstream_kv=self._capacity(built, stages, ranges, "upstream"),
-            fixed_kv=self._capacity(built, stages, ranges, "fixed"),
+            upstream_kv=self._capacity(kv, stages, ranges, "upstream"),
+            fixed_kv=self._capacity(kv, stages, ranges, "fixed"),
         )
 
     def _capacity(
         self,
-        built: _Built,
+        kv: KvCachePlanner,
         stages: Iterable[StageAllocation],
         ranges: list[tuple[int, int]],
         side: str,
@@ -242,7 +246,7 @@ class Planner:
             self.budget.kv_cache_bytes(getattr(stage, side).total_bytes)
             for stage in stages
         ]
-        return built.kv.capacity(available, ranges)
+        return kv.capacity(available, ranges)
 
     def advise(
         self, gpus: int, quantization: str, backend: str
