@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS, format_named
 from vllm_kimi_k3_moe.tools.cli.common import (
+    add_context_parallel,
     add_dp_and_ep,
     fail,
     fraction,
@@ -50,6 +51,7 @@ from vllm_kimi_k3_moe.tools.topology import (
     layouts,
     validate,
     validate_backend,
+    validate_prefill_context_parallel,
     validate_serving,
 )
 
@@ -97,7 +99,7 @@ def add_command(commands: Subcommands) -> None:
         type=positive_int,
         metavar="N",
         help="advisor: every layout of exactly N GPUs (needs --gpu or "
-        "--gpu-memory-gib; not with --tp/--pp/--dp/--ep)",
+        "--gpu-memory-gib; not with --tp/--pp/--dp/--ep/--dcp)",
     )
     plan.add_argument(
         "--gpu",
@@ -130,6 +132,7 @@ def add_command(commands: Subcommands) -> None:
         "(default: 1)",
     )
     add_dp_and_ep(plan)
+    add_context_parallel(plan)
     plan.add_argument(
         "--quantization",
         choices=FORMAT_NAMES,
@@ -286,6 +289,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             args.language_model_only,
         )
         validate_serving(serving)
+        validate_prefill_context_parallel(args.pcp_size)
         backend = args.moe_backend.lower()
         fmt = format_named(args.quantization)
         if args.gpus is not None:
@@ -296,6 +300,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                     ("--pp", args.pp_size != 1),
                     ("--dp", args.dp_size != 1),
                     ("--ep", args.expert_parallel),
+                    ("--dcp", args.dcp_size != 1),
                 )
                 if given
             ]
@@ -325,6 +330,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                     dp_size=args.dp_size,
                     pp_size=args.pp_size,
                     expert_parallel=args.expert_parallel,
+                    dcp_size=args.dcp_size,
                     backend=backend,
                     quantization=fmt.name,
                 )

@@ -126,6 +126,7 @@ def wide_table(plans: Sequence[DeploymentPlan]) -> str:
             *_render(groups, rows),
             "",
             *notes,
+            *_dcp_note(plans),
         ]
     )
 
@@ -199,7 +200,19 @@ def table(plans: Sequence[DeploymentPlan], title: str | None = None) -> str:
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence.",
         ]
-    return "\n".join(lines)
+    return "\n".join(lines + _dcp_note(plans))
+
+
+def _dcp_note(plans: Sequence[DeploymentPlan]) -> list[str]:
+    """What decode context parallelism changes, under a table with DCP."""
+    if all(p.deployment.dcp_size == 1 for p in plans):
+        return []
+    return [
+        "DCP N (--decode-context-parallel-size) changes no weight: each GPU "
+        "holds the MLA cache of one",
+        "token in N of every request but its KDA state whole, so fewer than "
+        "N times the tokens fit.",
+    ]
 
 
 def _wrapped(command: str, width: int = 100) -> list[str]:
