@@ -101,6 +101,10 @@ class KvCachePlanner:
         dcp = vllm_config.parallel_config.decode_context_parallel_size
         self.shape = replace(KvCacheShape.of(self.specs), dcp_size=dcp)
         self._resolve_layout()
+        # the advisor asks the same again (vLLM alone and the plugin often
+        # leave the same memory, and every DCP size of a layout is asked)
+        self._by_dcp: dict[int, KvCachePlanner] = {dcp: self}
+        self._capacities: dict[tuple[tuple[int, ...], tuple], KvCapacity] = {}
 
     def with_decode_context(self, dcp_size: int) -> KvCachePlanner:
         """This rank's specs sized by vLLM's planner under
@@ -111,14 +115,16 @@ class KvCachePlanner:
         runs). The planner then gives each request ``1/dcp_size`` of its
         MLA tokens on a GPU (MLA specs are DCP-sharded) and all of its KDA
         state (KDA specs are not)."""
-        if dcp_size == self.shape.dcp_size:
-            return self
+        if dcp_size in self._by_dcp:
+            return self._by_dcp[dcp_size]
         planner = copy.copy(self)
         planner.shape = replace(self.shape, dcp_size=dcp_size)
         planner.vllm_config = copy.copy(self.vllm_config)
         planner.vllm_config.parallel_config = replace(
             self.vllm_config.parallel_config, decode_context_parallel_size=dcp_size
         )
+        planner._capacities = {}
+        self._by_dcp[dcp_size] = planner  # shared by the copies
         return planner
 
     def _resolve_layout(self) -> None:
@@ -155,6 +161,15 @@ class KvCachePlanner:
         one stage holding every layer). vLLM groups the whole model's specs,
         sizes each stage's pool and gives every stage the smallest number of
         blocks; the binding stage is the one whose own pool is smallest."""
+        stages = list(stages) or [(0, 1 + max(self._layer_indices()))]
+        key = (tuple(available), tuple(stages))
+        if key not in self._capacities:
+            self._capacities[key] = self._capacity(available, stages)
+        return self._capacities[key]
+
+    def _capacity(
+        self, available: Sequence[int], stages: list[tuple[int, int]]
+    ) -> KvCapacity:
         from vllm.v1.core.kv_cache_planning import (
             get_global_kv_cache_groups,
             get_kv_cache_configs,
@@ -164,7 +179,6 @@ class KvCachePlanner:
             get_kv_cache_capacity,
         )
 
-        stages = list(stages) or [(0, 1 + max(self._layer_indices()))]
         # vLLM's grouping edits the specs it is given.
         specs = [copy.deepcopy(self.stage_specs(*stage)) for stage in stages]
         groups = get_global_kv_cache_groups(self.vllm_config, specs)
