@@ -118,6 +118,11 @@ class Deployment(Topology):
     def format(self) -> KimiK3Format:
         return format_named(self.quantization)
 
+    @property
+    def topology(self) -> Topology:
+        """The layout alone, without the format and kernel."""
+        return Topology(**{f.name: getattr(self, f.name) for f in fields(Topology)})
+
 
 def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
     """Refuse, with one line naming the bad value, what cannot be sized."""
@@ -225,20 +230,24 @@ def layouts(
 ) -> list[Topology]:
     """Every topology of exactly ``gpus`` GPUs that ``validate_topology``
     lets through: TP x PP x DP, each with and without expert parallelism
-    (which needs more than one GPU per stage)."""
+    (which needs more than one GPU per stage), each with every
+    decode-context-parallel size (a divisor of TP; 1: none)."""
     found = []
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
             dp = gpus // (tp * pp)
             for ep in (False, True):
-                topology = Topology(tp, dp_size=dp, pp_size=pp, expert_parallel=ep)
-                if ep and topology.moe_group == 1:
-                    continue
-                try:
-                    validate_topology(text_config, topology, fmt)
-                except DeploymentError:
-                    continue
-                found.append(topology)
+                for dcp in _divisors(tp):
+                    topology = Topology(
+                        tp, dp_size=dp, pp_size=pp, expert_parallel=ep, dcp_size=dcp
+                    )
+                    if ep and topology.moe_group == 1:
+                        continue
+                    try:
+                        validate_topology(text_config, topology, fmt)
+                    except DeploymentError:
+                        continue
+                    found.append(topology)
     return found
 
 

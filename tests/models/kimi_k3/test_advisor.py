@@ -117,23 +117,17 @@ def advice_16(planner):
 def test_the_advisor_lists_every_layout_vllm_builds(advice_16):
     plans, refused = advice_16
     assert refused == []
-    listed = {replace(p.deployment, backend="", quantization="") for p in plans}
-    expected = layouts(16, KIMI_K3_TEXT_CONFIG, mxfp4.RELEASE)
-    assert {
-        Deployment(
-            t.tp_size,
-            dp_size=t.dp_size,
-            pp_size=t.pp_size,
-            expert_parallel=t.expert_parallel,
-            backend="",
-            quantization="",
-        )
-        for t in expected
-    } == listed
+    listed = [p.deployment.topology for p in plans]
+    assert sorted(listed, key=repr) == sorted(
+        layouts(16, KIMI_K3_TEXT_CONFIG, mxfp4.RELEASE), key=repr
+    )
     assert all(p.deployment.gpus == 16 for p in plans)
-    # vLLM's recipe layouts are among them: TP8 x PP2, TP16 with EP, TP8 x DP2
+    # vLLM's recipe layouts are among them: TP8 x PP2, TP16 with EP, TP8 x DP2;
+    # and every DCP size dividing TP: TP16 with DCP 2, 4, 8, 16
     labels = {p.deployment.label() for p in plans}
-    assert {"TP8 PP2", "TP16 EP", "TP8 DP2"} <= labels
+    assert {"TP8 PP2", "TP16 EP", "TP8 DP2", "TP8 DCP8 PP2"} <= labels
+    assert {f"TP16 DCP{n}" for n in (2, 4, 8, 16)} <= labels
+    assert "TP16 DCP3" not in labels
 
 
 def test_fitting_layouts_come_first_then_by_kv_tokens(advice_16):
@@ -144,6 +138,24 @@ def test_fitting_layouts_come_first_then_by_kv_tokens(advice_16):
     assert tokens == sorted(tokens, reverse=True)
     for p in plans:
         assert (p.reason() is None) == bool(p.fits("fixed")), p.deployment.label()
+
+
+def test_dcp_sizes_between_hold_kv_cache_between(advice_16):
+    """What lets the table show only DCP 1 and DCP = TP of each layout: the
+    same weights, and the KV tokens of every DCP size in between lie
+    between those two rows'."""
+    plans, _ = advice_16
+    by_layout: dict = {}
+    for p in plans:
+        by_layout.setdefault(replace(p.deployment, dcp_size=1), []).append(p)
+    between = 0
+    for group in by_layout.values():
+        group.sort(key=lambda p: p.deployment.dcp_size)
+        weights = {p.fixed.total_bytes for p in group}
+        tokens = [p.fixed_kv.tokens for p in group]
+        assert len(weights) == 1 and tokens == sorted(tokens)
+        between += len(group) - 2 if len(group) > 2 else 0
+    assert between > 0
 
 
 def serve_arguments(command: str):
@@ -225,8 +237,9 @@ def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
         cwd=Path(__file__).parents[3],  # this tree's package
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert max(len(line) for line in result.stdout.splitlines()) <= 120
-    assert "vllm serve" in result.stdout
+    out = result.stdout
+    assert max(len(line) for line in out.splitlines()) <= 120
     assert result.stderr.splitlines() == [
         "importing vLLM and building its Kimi-K3 model ..."
     ]
+    assert "vllm serve" in out

@@ -2,8 +2,9 @@
 
 Two modes. With ``--gpus N`` (and a GPU: ``--gpu NAME`` or
 ``--gpu-memory-gib X``) the advisor lists every layout of exactly N GPUs
-vLLM builds, fitting first, with the ``vllm serve`` command of each. With
-``--tp`` (default 8 16 32, and ``--pp``/``--dp``/``--ep``) one row per
+vLLM builds (DCP sizes included), fitting first, with the ``vllm serve``
+command of each. With ``--tp``
+(default 8 16 32, and ``--pp``/``--dp``/``--ep``/``--dcp``) one row per
 tensor-parallel size. Every input error ends the command before vLLM's
 import (the slow part), in one line with exit status 2.
 """
@@ -84,9 +85,10 @@ def add_command(commands: Subcommands) -> None:
             "it then has, from vLLM's own KV-cache planner. "
             "Advisor: --gpus N with --gpu NAME (or --gpu-memory-gib X) lists "
             "every tensor x pipeline x data-parallel layout of exactly N GPUs, "
-            "with and without expert parallelism, that vLLM builds for the "
-            "format and kernel, fitting first, and the vllm serve command of "
-            "each. Otherwise one row per --tp size (default 8 16 32)."
+            "with and without expert parallelism, with every decode-context-"
+            "parallel size, that vLLM builds for the format and kernel, "
+            "fitting first, and the vllm serve command of each. Otherwise one "
+            "row per --tp size (default 8 16 32)."
         ),
         epilog=(
             f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees. "

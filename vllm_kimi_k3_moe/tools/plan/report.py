@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import textwrap
 from collections.abc import Sequence
 
 from vllm_kimi_k3_moe.compat import VLLM
@@ -234,16 +235,44 @@ def _wrapped(command: str, width: int = 100) -> list[str]:
     return lines
 
 
+def _in_table(plan: DeploymentPlan) -> bool:
+    """Whether the advisor's table shows ``plan``: every layout without DCP,
+    and with the largest DCP (its TP) where the weights leave memory for a
+    KV cache. The DCP sizes between hold a KV cache between those two rows
+    (a request's MLA share per GPU shrinks with DCP, nothing else changes);
+    DCP does not change weights that do not fit."""
+    d, kv = plan.deployment, plan.fixed_kv
+    if d.dcp_size == 1:
+        return True
+    return d.dcp_size == d.tp_size and (kv is None or kv.available_bytes > 0)
+
+
+def _serve_commands(heading: str, plans: Sequence[DeploymentPlan]) -> list[str]:
+    lines = ["", heading]
+    for p in plans:
+        lines += [f"  {p.deployment.label()}:", *_wrapped(p.serve_command)]
+    return lines
+
+
 def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) -> str:
-    """The advisor's answer: every layout that builds, fitting first, then
+    """The advisor's answer: the layouts that build, fitting first, then
     the ``vllm serve`` command of each layout that fits with the plugin."""
-    lines = [table(plans, title)]
+    rows = [p for p in plans if _in_table(p)]
+    lines = [table(rows, title)]
+    left_out = len(plans) - len(rows)
+    if left_out:
+        lines += _paragraph(
+            f"Not in the table: {left_out} layouts with DCP between 1 and their "
+            "TP (KV cache between their layout's rows without DCP and with DCP "
+            "= TP) or whose weights do not fit (DCP changes no weight); --json "
+            "lists every one."
+        )
     fitting = [p for p in plans if p.fits("fixed")]
     if fitting:
         shown = fitting[:SERVE_COMMANDS_SHOWN]
-        lines += ["", "vllm serve (with the plugin installed), best first:"]
-        for p in shown:
-            lines += [f"  {p.deployment.label()}:", *_wrapped(p.serve_command)]
+        lines += _serve_commands(
+            "vllm serve (with the plugin installed), best first:", shown
+        )
         if len(fitting) > len(shown):
             lines.append(
                 f"  and {len(fitting) - len(shown)} more that fit: --json gives "
@@ -258,6 +287,11 @@ def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) 
     if not_counted:
         lines += ["", "Not counted:", *(f"  {item}" for item in not_counted)]
     return "\n".join(lines)
+
+
+def _paragraph(text: str, width: int = 88) -> list[str]:
+    """``text`` wrapped to ``width`` columns, after a blank line."""
+    return ["", *textwrap.wrap(text, width)]
 
 
 def as_json(plans: Sequence[DeploymentPlan]) -> str:
