@@ -242,4 +242,10 @@ def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
     assert result.stderr.splitlines() == [
         "importing vLLM and building its Kimi-K3 model ..."
     ]
-    assert "vllm serve" in out
+    # it says what it orders by, and marks what vLLM's recipe runs on B300s
+    # (TP8, with DCP8 opt-in) beside the layouts with the most KV cache
+    assert "most KV cache first" in out.splitlines()[1] and "best" not in out
+    marked = [line.split("*")[0].strip() for line in out.splitlines() if " * " in line]
+    assert marked == ["TP8 DCP8", "TP8"]
+    public = out[out.index("the public layouts (*)") :]
+    assert "--decode-context-parallel-size 8" in public

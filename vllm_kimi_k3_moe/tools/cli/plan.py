@@ -2,8 +2,8 @@
 
 Two modes. With ``--gpus N`` (and a GPU: ``--gpu NAME`` or
 ``--gpu-memory-gib X``) the advisor lists every layout of exactly N GPUs
-vLLM builds (DCP sizes included), fitting first, with the ``vllm serve``
-command of each. With ``--tp``
+vLLM builds (DCP sizes included), fitting first and most KV cache first,
+the public ones marked, with ``vllm serve`` commands. With ``--tp``
 (default 8 16 32, and ``--pp``/``--dp``/``--ep``/``--dcp``) one row per
 tensor-parallel size. Every input error ends the command before vLLM's
 import (the slow part), in one line with exit status 2.
@@ -36,6 +36,7 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
 )
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
+from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import advice, as_json, table, wide_table
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
 from vllm_kimi_k3_moe.tools.text_config import (
@@ -87,8 +88,10 @@ def add_command(commands: Subcommands) -> None:
             "every tensor x pipeline x data-parallel layout of exactly N GPUs, "
             "with and without expert parallelism, with every decode-context-"
             "parallel size, that vLLM builds for the format and kernel, "
-            "fitting first, and the vllm serve command of each. Otherwise one "
-            "row per --tp size (default 8 16 32)."
+            "ordered by memory alone (fitting first, most KV cache first; "
+            "speed is not measured), marks the layouts public deployments run "
+            "on that GPU, and prints the vllm serve commands of the first few "
+            "and of those. Otherwise one row per --tp size (default 8 16 32)."
         ),
         epilog=(
             f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees. "
@@ -401,7 +404,8 @@ def run(args: argparse.Namespace) -> int:
             f"{asked.backend}, {len(plans)} layouts vLLM builds, "
             "GB = 10^9 bytes"
         )
-        print(advice(plans, refused, title))
+        public = public_layouts(args.gpu, args.gpus)
+        print(advice(plans, refused, title, public))
     else:
         print(table(plans))
     return 0

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import shlex
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe.tools.plan.public_layouts import PublicLayout
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 GB = 10**9
 SERVE_COMMANDS_SHOWN = 3  # the advisor's text; --json has every one
@@ -144,11 +146,15 @@ def _note(plan: DeploymentPlan) -> str:
     return ""
 
 
-def table(plans: Sequence[DeploymentPlan], title: str | None = None) -> str:
+def table(
+    plans: Sequence[DeploymentPlan],
+    title: str | None = None,
+    marked: Collection[Topology] = (),
+) -> str:
     """The default table: one row per deployment, what a person deciding
-    needs (120 columns): the layout, the heaviest GPU's weights as vLLM alone
-    and with the plugin allocate them, and, with a GPU size, whether each
-    fits, the KV cache and why not."""
+    needs (120 columns): the layout (`` *`` after those ``marked``), the
+    heaviest GPU's weights as vLLM alone and with the plugin allocate them,
+    and, with a GPU size, whether each fits, the KV cache and why not."""
     first = plans[0]
     budget, serving = first.budget, first.serving
     groups = [
@@ -163,8 +169,9 @@ def table(plans: Sequence[DeploymentPlan], title: str | None = None) -> str:
         ]
     rows = []
     for p in plans:
+        mark = " *" if p.deployment.topology in marked else ""
         row = [
-            p.deployment.label(),
+            p.deployment.label() + mark,
             str(p.deployment.gpus),
             _gb(p.upstream.total_bytes),
             _gb(p.fixed.total_bytes),
@@ -254,11 +261,28 @@ def _serve_commands(heading: str, plans: Sequence[DeploymentPlan]) -> list[str]:
     return lines
 
 
-def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) -> str:
-    """The advisor's answer: the layouts that build, fitting first, then
-    the ``vllm serve`` command of each layout that fits with the plugin."""
+def advice(
+    plans: Sequence[DeploymentPlan],
+    refused: Sequence[str],
+    title: str,
+    public: Sequence[PublicLayout] = (),
+) -> str:
+    """The advisor's answer: the layouts that build, ordered by memory as
+    the planner orders them (fitting first, most KV cache first), those run
+    in public (``public``) marked, then the ``vllm serve`` commands of the
+    first few that fit and of the public ones that fit."""
+    marked = {layout.topology for layout in public}
     rows = [p for p in plans if _in_table(p)]
-    lines = [table(rows, title)]
+    heading = (
+        f"{title}\nOrdered by memory alone: layouts that fit first, most KV cache "
+        "first (speed is not measured)."
+    )
+    lines = [table(rows, heading, marked)]
+    if public:
+        sources = ", ".join(f"{x.topology.label()} ({x.source})" for x in public)
+        lines += _paragraph(
+            f"* run in public on these GPUs (kimi-k3-deployments.md): {sources}."
+        )
     left_out = len(plans) - len(rows)
     if left_out:
         lines += _paragraph(
@@ -271,13 +295,16 @@ def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) 
     if fitting:
         shown = fitting[:SERVE_COMMANDS_SHOWN]
         lines += _serve_commands(
-            "vllm serve (with the plugin installed), best first:", shown
+            "vllm serve (with the plugin installed), most KV cache first:", shown
         )
         if len(fitting) > len(shown):
             lines.append(
                 f"  and {len(fitting) - len(shown)} more that fit: --json gives "
                 "every layout's command"
             )
+        beaten = [p for p in fitting[len(shown) :] if p.deployment.topology in marked]
+        if beaten:
+            lines += _serve_commands("vllm serve, the public layouts (*):", beaten)
     else:
         lines += ["", "No layout fits: see the note column."]
     if refused:
