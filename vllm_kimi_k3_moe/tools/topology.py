@@ -251,6 +251,18 @@ def layouts(
     return found
 
 
+def pipeline_layers(num_layers: int, pp_size: int) -> list[tuple[int, int]]:
+    """The decoder layers [start, end) of each pipeline stage, as vLLM's
+    ``get_pp_indices`` splits them by default (``VLLM_PP_LAYER_PARTITION``
+    unset): evenly, the remainder one layer each to the stages before the
+    last (``tests/upstream_contract`` holds it to vLLM's)."""
+    sizes = [num_layers // pp_size] * pp_size
+    for stage in range(num_layers % pp_size):
+        sizes[-2 - stage] += 1
+    starts = [sum(sizes[:stage]) for stage in range(pp_size)]
+    return [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 

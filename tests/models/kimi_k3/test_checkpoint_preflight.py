@@ -300,6 +300,13 @@ RELEASED = KimiK3Spec.released()
             "fp8-block at TP 8 x DP 2: each of the 16 GPUs would hold 192 of every "
             "expert's 3072 rows, which splits FP8's 128-row blocks",
         ),
+        (
+            "mxfp4",
+            ["--tp", "8", "--dcp", "16"],
+            "decode-context-parallel size 16 does not divide tensor-parallel size 8",
+        ),
+        ("mxfp4", ["--tp", "8", "--pp", "94"], "exceeds the 93 layers"),
+        ("mxfp4", ["--tp", "8", "--pcp", "2"], "MultiHeadLatentAttention does not"),
     ],
 )
 def test_check_refuses_a_topology_as_plan_does_before_reading_shards(
@@ -327,6 +334,27 @@ def test_check_refuses_a_topology_as_plan_does_before_reading_shards(
     assert check_refusal.startswith("vllm-kimi-k3-moe check: error: ")
     assert rule in check_refusal
     assert len(check_refusal.splitlines()) == 1
+
+
+def test_pipeline_stages_each_load_their_layers(write, capsys) -> None:
+    """vLLM splits the 3 decoder layers 2 + 1: stage 0 holds MoE layer 1,
+    stage 1 MoE layer 2, each over its own 4 GPUs; DCP moves no weight."""
+    status, out = check(capsys, str(write()), "--tp", "4", "--pp", "2", "--dcp", "4")
+    assert status == 0, out
+    layer = 8 * (2 * (3072 * 128 + 3072 * 8) + 256 * 1536 + 256 * 96)  # bytes
+    lines = [line for line in out.splitlines() if line.startswith(("per G", "stage"))]
+    assert lines == [
+        "per GPU     TP4 DCP4 x PP2 without expert parallelism: each stage's 4 "
+        "GPUs load its MoE layers alone (GPU r: the r-th of them)",
+        "stage 0     decoder layers 0-1 (MoE layers 1): all 8 experts, 768 of 3072 "
+        "intermediate rows each (GPU r: rows 768r to 768r+767); "
+        f"{layer / 4 / 1e6:.2f} MB of routed-expert checkpoint data",
+        "stage 1     decoder layer 2 (MoE layers 2): all 8 experts, 768 of 3072 "
+        "intermediate rows each (GPU r: rows 768r to 768r+767); "
+        f"{layer / 4 / 1e6:.2f} MB of routed-expert checkpoint data",
+    ]
+    assert "MTP draft layers 3: in no stage above" in out
+    assert "DCP         4 GPUs of each TP group share the MLA KV cache" in out
 
 
 def test_expert_parallel_share(write, capsys) -> None:

@@ -24,6 +24,7 @@ from vllm_kimi_k3_moe.tools.check.report import (
     verdict,
 )
 from vllm_kimi_k3_moe.tools.cli.common import (
+    add_context_parallel,
     add_dp_and_ep,
     fail,
     positive_int,
@@ -34,7 +35,12 @@ from vllm_kimi_k3_moe.tools.plan.planner import (
     PlanError,
     plan_deployment,
 )
-from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Topology
+from vllm_kimi_k3_moe.tools.topology import (
+    Deployment,
+    DeploymentError,
+    Topology,
+    validate_prefill_context_parallel,
+)
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -86,7 +92,18 @@ def add_command(commands: Subcommands) -> None:
         metavar="N",
         help="tensor-parallel size (default: 32)",
     )
+    check.add_argument(
+        "--pp",
+        "--pipeline-parallel-size",
+        dest="pp_size",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="pipeline-parallel size: what each stage's GPUs load, its layers "
+        "split as vLLM splits them (default: 1)",
+    )
     add_dp_and_ep(check)
+    add_context_parallel(check)
     check.add_argument(
         "--moe-backend",
         metavar="NAME",
@@ -112,12 +129,17 @@ def add_command(commands: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     parallelism = Topology(
-        args.tp_size, dp_size=args.dp_size, expert_parallel=args.expert_parallel
+        args.tp_size,
+        dp_size=args.dp_size,
+        expert_parallel=args.expert_parallel,
+        pp_size=args.pp_size,
+        dcp_size=args.dcp_size,
     )
     backend = None if args.moe_backend is None else args.moe_backend.lower()
     try:  # refuses what it cannot use before reading the shards
+        validate_prefill_context_parallel(args.pcp_size)
         report = preflight(args.checkpoint, parallelism, backend)
-    except PreflightInputError as error:
+    except (DeploymentError, PreflightInputError) as error:
         fail("check", str(error))
     if args.json:
         plan = None if backend is None else _vllm_allocation(report, backend)
