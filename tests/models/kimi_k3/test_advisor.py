@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.models.kimi_k3.gpu_stand_ins import a_cuda_platform_for_the_parser
 from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
 from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.cli import main

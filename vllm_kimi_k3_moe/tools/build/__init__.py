@@ -1,10 +1,11 @@
 """Build vLLM's real Kimi-K3 model for one rank of a deployment, on a CPU.
 
-Offline only (``plan``, ``check --moe-backend``, the test suite): nothing
-here runs in a serving process. ``vllm_config`` makes the ``VllmConfig``
-``vllm serve`` would, ``rank`` poses the process as a rank, ``whole_model``
-builds the language model on ``meta`` and ``allocation`` reads what it
-allocates, ``kv_cache`` sizes the KV cache with vLLM's own planner.
+Offline only (``plan``, ``check --moe-backend`` and ``--serve-command``,
+the test suite): nothing here runs in a serving process. ``vllm_config``
+makes the ``VllmConfig`` ``vllm serve`` would, ``rank`` poses the process
+as a rank, ``whole_model`` builds the language model on ``meta`` and
+``allocation`` reads what it allocates, ``kv_cache`` sizes the KV cache
+with vLLM's own planner.
 
 Stand-in ledger
 ---------------
@@ -61,6 +62,12 @@ suite's build tests fail when a name moves.
     ``KimiK3ForConditionalGeneration`` asks for it to move the vision tower,
     which it skips on ``meta``; a CPU box's platform has no current device.
     Re-check: the wrapper's ``__init__``.
+``stand_ins.a_cuda_platform_for_the_parser``
+    Replaces ``current_platform.device_type`` (as ``cuda``) while ``check
+    --serve-command`` builds ``vllm serve``'s argument parser. Why: the
+    parser makes each config's defaults, and ``DeviceConfig("auto")`` asks
+    the platform for a device type a CPU box's platform does not have.
+    Re-check: that building the parser still reads only that.
 ``whole_model.kimi_moe_class``
     Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
     ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's

@@ -200,6 +200,19 @@ def a_cuda_device() -> Iterator[None]:
 
 
 @contextmanager
+def a_cuda_platform_for_the_parser() -> Iterator[None]:
+    """vLLM's argument parser (``EngineArgs.add_cli_args``, which ``vllm
+    serve``'s adds to its own) builds each config class's defaults, and
+    ``DeviceConfig``'s "auto" asks the current platform for its device type,
+    which a CPU box's unspecified platform does not have: here it says
+    ``cuda``, as on the GPUs a serve command is for. Holds no parameters."""
+    from vllm.platforms import current_platform
+
+    with replaced_attributes(current_platform, device_type="cuda"):
+        yield
+
+
+@contextmanager
 def whole_model_on_cpu() -> Iterator[None]:
     """The stand-ins the whole model needs, entered together."""
     with ExitStack() as stack:
