@@ -249,3 +249,8 @@ def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
     assert marked == ["TP8 DCP8", "TP8"]
     public = out[out.index("the public layouts (*)") :]
     assert "--decode-context-parallel-size 8" in public
+    # each layout without DCP and with DCP = TP; the sizes between in --json
+    rows = {line.split(" *")[0].split("  ")[0] for line in out.splitlines()}
+    assert {"TP8", "TP8 DCP8", "TP4 DCP4 PP2"} <= rows
+    assert not {"TP8 DCP4", "TP8 DCP2", "TP4 DCP2 PP2"} & rows
+    assert "Not in the table: 8 layouts with DCP between 1 and their TP" in out
