@@ -26,14 +26,13 @@ suite's build tests fail when a name moves.
     creates them for overlapping work; a CPU box has no CUDA runtime.
     Re-check: nothing in vLLM (torch's names).
 ``stand_ins.mla_attention_kernels``
-    Replaces ``get_attn_backend``, ``get_mla_prefill_backend`` and
-    ``MLADCPManager`` as ``vllm.models.kimi_k3.nvidia.mla`` looks them up: a
-    FlashMLA backend subclass whose kernel object is a stand-in. Why: MLA's
-    kernels are chosen for, and imported on, the GPU; the DCP manager sets
-    up the DCP group's collectives and GPU workspaces (built only with
-    ``--decode-context-parallel-size`` above 1). Re-check: the three names
-    in ``mla.py``; that FlashMLA's block sizes still match the GPU's first
-    choice; that ``MLADCPManager`` still holds no parameter.
+    Replaces ``get_attn_backend`` and ``get_mla_prefill_backend`` as
+    ``vllm.models.kimi_k3.nvidia.mla`` looks them up: a FlashMLA backend
+    subclass whose kernel object is a stand-in (with FlashMLA's LSE base,
+    which vLLM's own DCP manager reads under ``--decode-context-parallel-size``).
+    Why: MLA's kernels are chosen for, and imported on, the GPU. Re-check:
+    the two names in ``mla.py``; that FlashMLA's block sizes still match the
+    GPU's first choice.
 ``stand_ins.linear_kernels_on_their_gpu``
     Replaces ``vllm.model_executor.kernels.linear.current_platform`` (as
     CUDA) and ``is_supported`` of every CUDA kernel in the private

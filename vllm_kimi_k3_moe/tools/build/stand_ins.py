@@ -59,8 +59,9 @@ class MlaKernelStandIn:
     ``impl``) and the MLA prefill backend: they hold kernels chosen for the
     GPU (FlashMLA, FlashInfer, CUTLASS MLA, FlashAttention prefill), not
     parameters, and a CPU box can neither select nor import them. It holds
-    no parameters. Under decode context parallelism the layer reads the
-    base of the softmax LSE the kernel returns (FlashMLA's: natural log)."""
+    no parameters. Under decode context parallelism the layer hands vLLM's
+    DCP manager the base of the softmax LSE the kernel returns (FlashMLA's:
+    natural log)."""
 
     lse_base_on_e = True
 
@@ -92,11 +93,10 @@ def mla_backend_stand_in() -> type:
 @contextmanager
 def mla_attention_kernels() -> Iterator[None]:
     """Kimi-K3's ``MultiHeadLatentAttention`` gets ``mla_backend_stand_in()``
-    from ``get_attn_backend``, ``MlaKernelStandIn`` as its prefill backend
-    and, under decode context parallelism, as its ``MLADCPManager`` (the
-    DCP group's collectives and their GPU workspaces), looked up in vLLM's
-    Kimi-K3 ``mla`` module only: the layer's projections and norms (its
-    parameters) are vLLM's own. Holds no parameters."""
+    from ``get_attn_backend`` and ``MlaKernelStandIn`` as its prefill
+    backend, looked up in vLLM's Kimi-K3 ``mla`` module only: the layer's
+    projections and norms (its parameters) are vLLM's own. Holds no
+    parameters."""
     from vllm.models.kimi_k3.nvidia import mla
 
     backend = mla_backend_stand_in()
@@ -104,7 +104,6 @@ def mla_attention_kernels() -> Iterator[None]:
         mla,
         get_attn_backend=lambda *args, **kwargs: backend,
         get_mla_prefill_backend=lambda vllm_config: MlaKernelStandIn,
-        MLADCPManager=MlaKernelStandIn,
     ):
         yield
 
