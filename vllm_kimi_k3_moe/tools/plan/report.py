@@ -281,7 +281,7 @@ def advice(
     if public:
         sources = ", ".join(f"{x.topology.label()} ({x.source})" for x in public)
         lines += _paragraph(
-            f"* run in public on these GPUs (kimi-k3-deployments.md): {sources}."
+            f"* run in public on these GPUs: {sources}; not a speed ranking."
         )
     left_out = len(plans) - len(rows)
     if left_out:
