@@ -11,7 +11,7 @@ cannot disagree; which rows each GPU then loads is the format's
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, fields
+from dataclasses import KW_ONLY, dataclass, fields, replace
 from typing import Any, Literal
 
 from vllm_kimi_k3_moe.compat import VLLM
@@ -162,8 +162,7 @@ def validate_topology(
     """Refuse, in one line naming the value and the rule, a topology vLLM
     0.33.0 cannot build for this model and format, before any build. The
     rules, each as vLLM applies it (``tests/upstream_contract`` holds vLLM to
-    them): decode context parallelism within the TP GPUs, whole attention
-    heads per TP rank (MLA and KDA), whole vocabulary
+    them): whole attention heads per TP rank (MLA and KDA), whole vocabulary
     rows per TP rank, at least one layer per pipeline stage, and the routed
     experts split evenly over each stage's TP x DP GPUs: whole experts under
     expert parallelism, else every expert's intermediate rows in whole
@@ -180,6 +179,7 @@ def validate_topology(
                 f"{kind}-parallel size must be at least 1, got {size} "
                 f"({topology.label('product')})"
             )
+    # and DCP within the TP GPUs, as vLLM's ParallelConfig requires
     validate_decode_context_split(topology.tp_size, topology.dcp_size)
     validate_attention_split(text_config, topology.tp_size)
     vocab = text_config.get("vocab_size")
@@ -231,24 +231,32 @@ def layouts(
     """Every topology of exactly ``gpus`` GPUs that ``validate_topology``
     lets through: TP x PP x DP, each with and without expert parallelism
     (which needs more than one GPU per stage), each with every
-    decode-context-parallel size (a divisor of TP; 1: none)."""
+    decode-context-parallel size vLLM takes (``with_each_dcp_size``)."""
     found = []
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
             dp = gpus // (tp * pp)
             for ep in (False, True):
-                for dcp in _divisors(tp):
-                    topology = Topology(
-                        tp, dp_size=dp, pp_size=pp, expert_parallel=ep, dcp_size=dcp
-                    )
-                    if ep and topology.moe_group == 1:
-                        continue
-                    try:
-                        validate_topology(text_config, topology, fmt)
-                    except DeploymentError:
-                        continue
-                    found.append(topology)
-    return found
+                topology = Topology(tp, dp_size=dp, pp_size=pp, expert_parallel=ep)
+                if ep and topology.moe_group == 1:
+                    continue
+                try:
+                    validate_topology(text_config, topology, fmt)
+                except DeploymentError:
+                    continue
+                found.append(topology)
+    return with_each_dcp_size(found)
+
+
+def with_each_dcp_size(topologies: list[Topology]) -> list[Topology]:
+    """Each topology without DCP and with every DCP size dividing its TP
+    (``validate_decode_context_split``'s rule; DCP changes nothing else a
+    rule reads)."""
+    return [
+        replace(topology, dcp_size=dcp)
+        for topology in topologies
+        for dcp in _divisors(topology.tp_size)
+    ]
 
 
 def pipeline_layers(num_layers: int, pp_size: int) -> list[tuple[int, int]]:

@@ -275,6 +275,13 @@ RELEASED = KimiK3Spec.released()
     [
         (
             "mxfp4",
+            ["--tp", "8", "--dcp", "16"],
+            "decode-context-parallel size 16 does not divide tensor-parallel size 8",
+        ),
+        ("mxfp4", ["--tp", "8", "--pp", "94"], "exceeds the 93 layers"),
+        ("mxfp4", ["--tp", "8", "--pcp", "2"], "MultiHeadLatentAttention does not"),
+        (
+            "mxfp4",
             ["--tp", "24"],
             "TP 24 does not divide Kimi-K3's vocabulary of 163840",
         ),
@@ -300,13 +307,6 @@ RELEASED = KimiK3Spec.released()
             "fp8-block at TP 8 x DP 2: each of the 16 GPUs would hold 192 of every "
             "expert's 3072 rows, which splits FP8's 128-row blocks",
         ),
-        (
-            "mxfp4",
-            ["--tp", "8", "--dcp", "16"],
-            "decode-context-parallel size 16 does not divide tensor-parallel size 8",
-        ),
-        ("mxfp4", ["--tp", "8", "--pp", "94"], "exceeds the 93 layers"),
-        ("mxfp4", ["--tp", "8", "--pcp", "2"], "MultiHeadLatentAttention does not"),
     ],
 )
 def test_check_refuses_a_topology_as_plan_does_before_reading_shards(

@@ -252,9 +252,8 @@ class Planner:
         self, gpus: int, quantization: str, backend: str
     ) -> tuple[list[DeploymentPlan], list[str]]:
         """Every layout of exactly ``gpus`` GPUs vLLM builds for the format
-        and kernel (each DCP size included: sized from its TP's build),
-        sized, fitting first and then by KV-cache tokens; and the layouts
-        vLLM refused at build time, each with its reason."""
+        and kernel, sized, fitting first and then by KV-cache tokens; and the
+        layouts vLLM refused at build time, each with its reason."""
         fmt = format_named(quantization)
         plans, refused = [], []
         for topology in layouts(gpus, self.text_config, fmt):
