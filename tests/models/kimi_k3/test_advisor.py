@@ -82,12 +82,17 @@ def test_each_pipeline_stage_is_what_a_pipeline_build_allocates(planner, deploym
 
 @pytest.mark.parametrize(
     "deployment",
-    [Deployment(8, dp_size=2, expert_parallel=True), Deployment(8, dp_size=4)],
-    ids=["TP8 DP2 EP", "TP8 DP4"],
+    [
+        Deployment(8, dp_size=2, expert_parallel=True),
+        Deployment(8, dp_size=4),
+        Deployment(32, expert_parallel=True),
+    ],
+    ids=["TP8 DP2 EP", "TP8 DP4", "TP32 EP"],
 )
 def test_data_parallel_layouts_are_what_their_own_build_allocates(planner, deployment):
     """The planner builds the whole model once per TP and the MLPs alone per
-    DP size; a build of the whole deployment agrees byte for byte."""
+    DP size and expert parallelism; a build of the whole deployment agrees
+    byte for byte."""
     (stage,) = planner.plan(deployment).stages
     assert real_build(planner, deployment).allocation.components == (
         stage.fixed.components
