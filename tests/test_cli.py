@@ -130,7 +130,7 @@ def test_main_runs_the_function_the_subcommand_names(
     [
         ([], "required: command"),
         (["serve"], "invalid choice: 'serve'"),
-        (["check"], "required: CHECKPOINT_DIR"),
+        (["check"], "give CHECKPOINT_DIR, or --serve-command"),
     ],
 )
 def test_no_or_unknown_subcommand_is_one_line_and_exit_2(capsys, argv, words):

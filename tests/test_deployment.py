@@ -34,6 +34,14 @@ NUM_EXPERTS = 896
             "TP 8 x DP 4",
             "TP8 x DP4 with",
         ),
+        # DCP adds no GPU: it follows the TP size it splits, not in the count
+        (Topology(8, dcp_size=8), "TP8 DCP8", "TP 8 x DP 1", "TP8 DCP8 without"),
+        (
+            Topology(8, pp_size=2, dp_size=2, dcp_size=4),
+            "TP8 DCP4 PP2 DP2",
+            "TP 8 x PP 2 x DP 2",
+            "TP8 DCP4 x PP2 x DP2 without",
+        ),
     ],
 )
 def test_label_styles(topology, short, product, sentence) -> None:
@@ -75,6 +83,8 @@ def test_each_gpus_share(topology, experts, intermediate) -> None:
         (Deployment(6, expert_parallel=True), ["896", "6 expert-parallel GPUs"]),
         (Deployment(32, backend="auto"), ["resolved by vLLM"]),
         (Deployment(32, quantization="fp4"), ["'fp4'"]),
+        (Deployment(8, dcp_size=16), ["decode-context-parallel size 16", "TP"]),
+        (Deployment(8, dcp_size=0), ["decode-context-parallel size must be"]),
     ],
 )
 def test_what_cannot_be_sized_is_refused(deployment, words) -> None:

@@ -17,6 +17,7 @@ from vllm_kimi_k3_moe.tools.topology import (
     DeploymentError,
     Serving,
     Topology,
+    pipeline_layers,
     validate_topology,
 )
 
@@ -83,13 +84,13 @@ def test_vocabulary_as_vllm_splits_it(kimi_model, tp):
     assert refused(Topology(tp), "vocabulary") == vllm_refuses, tp
 
 
-@pytest.mark.parametrize("pp", [1, 2, 31, 93, 94, 120])
+@pytest.mark.parametrize("pp", [1, 2, 3, 4, 5, 8, 16, 31, 32, 92, 93, 94, 120])
 def test_pipeline_stages_as_vllm_splits_the_layers(kimi_model, pp):
+    """``check --pp`` splits the layers without vLLM, as vLLM does."""
     from vllm.distributed.utils import get_pp_indices
 
     layers = KIMI_K3_TEXT_CONFIG["num_hidden_layers"]
-    empty_stage = any(
-        start == end
-        for start, end in (get_pp_indices(layers, rank, pp) for rank in range(pp))
-    )
+    split = [get_pp_indices(layers, rank, pp) for rank in range(pp)]
+    empty_stage = any(start == end for start, end in split)
     assert refused(Topology(1, pp_size=pp), "at least one layer") == empty_stage
+    assert pipeline_layers(layers, pp) == split

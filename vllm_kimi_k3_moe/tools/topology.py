@@ -11,9 +11,10 @@ cannot disagree; which rows each GPU then loads is the format's
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, fields
+from dataclasses import KW_ONLY, dataclass, fields, replace
 from typing import Any, Literal
 
+from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, KimiK3Format, format_named
 
 # How a topology is named, by where the name appears (see Topology.label).
@@ -29,13 +30,16 @@ class Topology:
     """How vLLM spreads Kimi-K3 over GPUs: PP pipeline stages, each holding
     a slice of the layers on TP x DP GPUs; within a stage each routed expert
     is sharded over all TP x DP GPUs, or (expert parallelism) whole experts
-    are spread over them."""
+    are spread over them. Decode context parallelism (``dcp_size``) reuses
+    the TP GPUs: it shards the MLA KV cache over groups of DCP of them and
+    changes no weight."""
 
     tp_size: int
     _: KW_ONLY
     dp_size: int = 1
     expert_parallel: bool = False
     pp_size: int = 1
+    dcp_size: int = 1
 
     @property
     def gpus(self) -> int:
@@ -54,8 +58,13 @@ class Topology:
         - ``short``: ``TP8 DP4 EP``; plan's table, progress and errors
         - ``product``: ``TP 8 x DP 1``; the GPU count in a split refusal
         - ``sentence``: ``TP8 x DP4 with expert parallelism``; check's share
+
+        DCP, which adds no GPU, follows the TP size it splits in ``short``
+        and ``sentence`` (``TP8 DCP8``, ``TP8 DCP8 x DP4 ...``).
         """
         tp, dp = f"TP{self.tp_size}", f"DP{self.dp_size}"
+        if self.dcp_size > 1 and style != "product":
+            tp = f"{tp} DCP{self.dcp_size}"
         if self.pp_size > 1:
             tp = f"{tp} PP{self.pp_size}" if style != "product" else tp
         if style == "short":
@@ -69,9 +78,8 @@ class Topology:
             pp = f" x PP {self.pp_size}" if self.pp_size > 1 else ""
             return f"TP {self.tp_size}{pp} x DP {self.dp_size}"
         if style == "sentence":
-            sizes = " x ".join(
-                [tp.replace(" ", " x "), *([dp] if self.dp_size > 1 else [])]
-            )
+            tp = tp.replace(" PP", " x PP")
+            sizes = " x ".join([tp, *([dp] if self.dp_size > 1 else [])])
             how = "with" if self.expert_parallel else "without"
             return f"{sizes} {how} expert parallelism"
         raise ValueError(f"unknown label style {style!r}")
@@ -109,6 +117,11 @@ class Deployment(Topology):
     @property
     def format(self) -> KimiK3Format:
         return format_named(self.quantization)
+
+    @property
+    def topology(self) -> Topology:
+        """The layout alone, without the format and kernel."""
+        return Topology(**{f.name: getattr(self, f.name) for f in fields(Topology)})
 
 
 def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
@@ -157,12 +170,15 @@ def validate_topology(text_config: dict[str, Any], topology: Topology) -> None:
     its rank 0 does."""
     sizes = {"tensor": topology.tp_size, "data": topology.dp_size}
     sizes["pipeline"] = topology.pp_size
+    sizes["decode-context"] = topology.dcp_size
     for kind, size in sizes.items():
         if size < 1:
             raise DeploymentError(
                 f"{kind}-parallel size must be at least 1, got {size} "
                 f"({topology.label('product')})"
             )
+    # and DCP within the TP GPUs, as vLLM's ParallelConfig requires
+    validate_decode_context_split(topology.tp_size, topology.dcp_size)
     validate_attention_split(text_config, topology.tp_size)
     vocab = text_config.get("vocab_size")
     if isinstance(vocab, int):
@@ -200,7 +216,8 @@ def validate_topology(text_config: dict[str, Any], topology: Topology) -> None:
 def layouts(gpus: int, text_config: dict[str, Any]) -> list[Topology]:
     """Every topology of exactly ``gpus`` GPUs that ``validate_topology``
     lets through: TP x PP x DP, each with and without expert parallelism
-    (which needs more than one GPU per stage)."""
+    (which needs more than one GPU per stage), each with every
+    decode-context-parallel size vLLM takes (``with_each_dcp_size``)."""
     found = []
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
@@ -214,7 +231,30 @@ def layouts(gpus: int, text_config: dict[str, Any]) -> list[Topology]:
                 except DeploymentError:
                     continue
                 found.append(topology)
-    return found
+    return with_each_dcp_size(found)
+
+
+def with_each_dcp_size(topologies: list[Topology]) -> list[Topology]:
+    """Each topology without DCP and with every DCP size dividing its TP
+    (``validate_decode_context_split``'s rule; DCP changes nothing else a
+    rule reads)."""
+    return [
+        replace(topology, dcp_size=dcp)
+        for topology in topologies
+        for dcp in _divisors(topology.tp_size)
+    ]
+
+
+def pipeline_layers(num_layers: int, pp_size: int) -> list[tuple[int, int]]:
+    """The decoder layers [start, end) of each pipeline stage, as vLLM's
+    ``get_pp_indices`` splits them by default (``VLLM_PP_LAYER_PARTITION``
+    unset): evenly, the remainder one layer each to the stages before the
+    last (``tests/upstream_contract`` holds it to vLLM's)."""
+    sizes = [num_layers // pp_size] * pp_size
+    for stage in range(num_layers % pp_size):
+        sizes[-2 - stage] += 1
+    starts = [sum(sizes[:stage]) for stage in range(pp_size)]
+    return [(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
 
 def _divisors(n: int) -> list[int]:
@@ -268,3 +308,39 @@ def validate_attention_split(text_config: dict[str, Any], tp_size: int) -> None:
                 f"{name} {count} does not split evenly over tensor-parallel "
                 f"size {tp_size}; vLLM gives every rank the same whole heads"
             )
+
+
+def validate_decode_context_split(tp_size: int, dcp_size: int) -> None:
+    """Refuse a decode-context-parallel size that does not divide the TP
+    size: without prefill context parallelism vLLM's DCP groups are made of
+    TP GPUs (``ParallelConfig``'s validator: "tp_size must be divisible by
+    dcp_size")."""
+    if tp_size % dcp_size:
+        raise DeploymentError(
+            f"decode-context-parallel size {dcp_size} does not divide "
+            f"tensor-parallel size {tp_size}; vLLM makes each DCP group of "
+            "the TP GPUs (tp_size must be divisible by dcp_size)"
+        )
+
+
+# Why vLLM 0.33.0 cannot build Kimi-K3 with --prefill-context-parallel-size
+# above 1: the assertion of its NVIDIA MultiHeadLatentAttention
+# (vllm/models/kimi_k3/nvidia/mla.py), quoted.
+KIMI_K3_PCP_REFUSAL = (
+    "Kimi-K3 MultiHeadLatentAttention does not support prefill context parallelism."
+)
+
+
+def validate_prefill_context_parallel(pcp_size: int) -> None:
+    """Refuse prefill context parallelism, which vLLM 0.33.0's Kimi-K3
+    attention asserts away when it is built (``KIMI_K3_PCP_REFUSAL``)."""
+    if pcp_size < 1:
+        raise DeploymentError(
+            f"prefill-context-parallel size must be at least 1, got {pcp_size}"
+        )
+    if pcp_size > 1:
+        raise DeploymentError(
+            f"prefill-context-parallel size {pcp_size}: {VLLM} does not "
+            "build Kimi-K3 with it (its NVIDIA MLA layer asserts "
+            f'"{KIMI_K3_PCP_REFUSAL}"); use 1, or DCP for the KV cache'
+        )

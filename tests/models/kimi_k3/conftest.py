@@ -50,24 +50,27 @@ def kimi_model() -> ModuleType:
 
 
 @pytest.fixture(scope="session")
-def kimi_k3_deployment_plans(kimi_model: ModuleType) -> dict[int, object]:
-    """``plan_deployment`` of Kimi-K3's published config, released MXFP4 on
-    Marlin, at TP8, TP16 and TP32, on H20s (``--gpu h20``; vLLM's defaults
-    otherwise): built once, read by several test files."""
+def kimi_k3_h20_planner(kimi_model: ModuleType) -> Iterator[object]:
+    """A ``Planner`` of Kimi-K3's published config on H20s (``--gpu h20``;
+    vLLM's defaults otherwise): the tests that plan on it share its builds
+    (each TP size's is made once)."""
     from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
     from vllm_kimi_k3_moe.tools.gpus import gpu_preset
-    from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
+    from vllm_kimi_k3_moe.tools.plan.planner import Planner
     from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+
+    budget = GpuBudget(gpu_preset("h20").memory_gib)
+    with Planner(KIMI_K3_TEXT_CONFIG, budget=budget) as planner:
+        yield planner
+
+
+@pytest.fixture(scope="session")
+def kimi_k3_deployment_plans(kimi_k3_h20_planner) -> dict[int, object]:
+    """The plans of Kimi-K3's published config, released MXFP4 on Marlin,
+    at TP8, TP16 and TP32, on H20s: read by several test files."""
     from vllm_kimi_k3_moe.tools.topology import Deployment
 
-    return {
-        tp: plan_deployment(
-            KIMI_K3_TEXT_CONFIG,
-            Deployment(tp),
-            budget=GpuBudget(gpu_preset("h20").memory_gib),
-        )
-        for tp in (8, 16, 32)
-    }
+    return {tp: kimi_k3_h20_planner.plan(Deployment(tp)) for tp in (8, 16, 32)}
 
 
 @pytest.fixture

@@ -78,15 +78,3 @@ def uninitialised_memory_reads(byte: int) -> Iterator[None]:
     hands out zeroed pages instead, which would hide a pad nobody wrote)."""
     with _FilledEmpty(byte):
         yield
-
-
-@contextmanager
-def a_cuda_platform_for_the_parser() -> Iterator[None]:
-    """vLLM's argument parser (``EngineArgs.add_cli_args``) builds each config
-    class's defaults, and ``DeviceConfig``'s "auto" asks the current platform
-    for its device type, which a CPU box's unspecified platform does not
-    have: here it says ``cuda``, as on the GPUs a serve command is for."""
-    from vllm.platforms import current_platform
-
-    with replaced_attributes(current_platform, device_type="cuda"):
-        yield

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.models.kimi_k3.gpu_stand_ins import a_cuda_platform_for_the_parser
 from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
 from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.cli import main
@@ -82,12 +82,17 @@ def test_each_pipeline_stage_is_what_a_pipeline_build_allocates(planner, deploym
 
 @pytest.mark.parametrize(
     "deployment",
-    [Deployment(8, dp_size=2, expert_parallel=True), Deployment(8, dp_size=4)],
-    ids=["TP8 DP2 EP", "TP8 DP4"],
+    [
+        Deployment(8, dp_size=2, expert_parallel=True),
+        Deployment(8, dp_size=4),
+        Deployment(32, expert_parallel=True),
+    ],
+    ids=["TP8 DP2 EP", "TP8 DP4", "TP32 EP"],
 )
 def test_data_parallel_layouts_are_what_their_own_build_allocates(planner, deployment):
     """The planner builds the whole model once per TP and the MLPs alone per
-    DP size; a build of the whole deployment agrees byte for byte."""
+    DP size and expert parallelism; a build of the whole deployment agrees
+    byte for byte."""
     (stage,) = planner.plan(deployment).stages
     assert real_build(planner, deployment).allocation.components == (
         stage.fixed.components
@@ -125,6 +130,7 @@ def test_the_advisor_lists_every_layout_vllm_builds(advice_16):
             dp_size=t.dp_size,
             pp_size=t.pp_size,
             expert_parallel=t.expert_parallel,
+            dcp_size=t.dcp_size,
             backend="",
             quantization="",
         )
@@ -134,6 +140,10 @@ def test_the_advisor_lists_every_layout_vllm_builds(advice_16):
     # vLLM's recipe layouts are among them: TP8 x PP2, TP16 with EP, TP8 x DP2
     labels = {p.deployment.label() for p in plans}
     assert {"TP8 PP2", "TP16 EP", "TP8 DP2"} <= labels
+    # and every DCP size dividing TP, each once: TP16 with DCP 2, 4, 8, 16
+    assert len(plans) == len(labels)
+    assert {"TP8 DCP8 PP2", *(f"TP16 DCP{n}" for n in (2, 4, 8, 16))} <= labels
+    assert "TP16 DCP3" not in labels
 
 
 def test_fitting_layouts_come_first_then_by_kv_tokens(advice_16):
@@ -144,6 +154,24 @@ def test_fitting_layouts_come_first_then_by_kv_tokens(advice_16):
     assert tokens == sorted(tokens, reverse=True)
     for p in plans:
         assert (p.reason() is None) == bool(p.fits("fixed")), p.deployment.label()
+
+
+def test_dcp_sizes_between_hold_kv_cache_between(advice_16):
+    """What lets the table show only DCP 1 and DCP = TP of each layout: the
+    same weights, and the KV tokens of every DCP size in between lie
+    between those two rows'."""
+    plans, _ = advice_16
+    by_layout: dict = {}
+    for p in plans:
+        by_layout.setdefault(replace(p.deployment, dcp_size=1), []).append(p)
+    between = 0
+    for group in by_layout.values():
+        group.sort(key=lambda p: p.deployment.dcp_size)
+        weights = {p.fixed.total_bytes for p in group}
+        tokens = [p.fixed_kv.tokens for p in group]
+        assert len(weights) == 1 and tokens == sorted(tokens)
+        between += len(group) - 2 if len(group) > 2 else 0
+    assert between > 0
 
 
 def serve_arguments(command: str):
@@ -163,7 +191,7 @@ def serve_arguments(command: str):
     ("deployment", "serving"),
     [
         (Deployment(32, expert_parallel=True), Serving()),
-        (Deployment(8, pp_size=2), Serving("fp8", 32768)),
+        (Deployment(8, pp_size=2, dcp_size=8), Serving("fp8", 32768)),
         (
             Deployment(4, pp_size=2, dp_size=2, expert_parallel=True),
             Serving(language_model_only=True),
@@ -177,6 +205,7 @@ def test_the_serve_command_parses_to_the_layout(kimi_model, deployment, serving)
     assert args.model == "/models/Kimi-K3"
     assert args.tensor_parallel_size == deployment.tp_size
     assert args.pipeline_parallel_size == deployment.pp_size
+    assert args.decode_context_parallel_size == deployment.dcp_size
     assert args.data_parallel_size == deployment.dp_size
     assert args.enable_expert_parallel == deployment.expert_parallel
     assert args.moe_backend == deployment.backend
@@ -224,8 +253,20 @@ def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
         cwd=Path(__file__).parents[3],  # this tree's package
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert max(len(line) for line in result.stdout.splitlines()) <= 120
-    assert "vllm serve" in result.stdout
+    out = result.stdout
+    assert max(len(line) for line in out.splitlines()) <= 120
     assert result.stderr.splitlines() == [
         "importing vLLM and building its Kimi-K3 model ..."
     ]
+    # it says what it orders by, and marks what vLLM's recipe runs on B300s
+    # (TP8, with DCP8 opt-in) beside the layouts with the most KV cache
+    assert "most KV cache first" in out.splitlines()[1] and "best" not in out
+    marked = [line.split("*")[0].strip() for line in out.splitlines() if " * " in line]
+    assert marked == ["TP8 DCP8", "TP8"]
+    public = out[out.index("the public layouts (*)") :]
+    assert "--decode-context-parallel-size 8" in public
+    # each layout without DCP and with DCP = TP; the sizes between in --json
+    rows = {line.split(" *")[0].split("  ")[0] for line in out.splitlines()}
+    assert {"TP8", "TP8 DCP8", "TP4 DCP4 PP2"} <= rows
+    assert not {"TP8 DCP4", "TP8 DCP2", "TP4 DCP2 PP2"} & rows
+    assert "Not in the table: 8 layouts with DCP between 1 and their TP" in out

@@ -166,12 +166,37 @@ def test_json_of_a_clean_checkpoint(tmp_path, capsys) -> None:
         "tp_size": 4,
         "dp_size": 1,
         "expert_parallel": True,
+        "pp_size": 1,
+        "dcp_size": 1,
         "gpus": 4,
     }
     assert [share["experts"] for share in report["per_gpu"]] == [
         [0, 2], [2, 4], [4, 6], [6, 8]
     ]  # fmt: skip
     assert {tuple(share["rows"]) for share in report["per_gpu"]} == {(0, 3072)}
+    assert "stages" not in report
+
+
+def test_json_has_each_pipeline_stages_share(tmp_path, capsys) -> None:
+    write_header_only_checkpoint(tmp_path, SPEC)
+    status, out = check(capsys, str(tmp_path), "--json", "--tp", "2", "--pp", "2")
+    assert status == 0
+    report = json.loads(out)
+    assert report["topology"]["pp_size"] == 2 and report["topology"]["gpus"] == 4
+    stages = report["stages"]
+    # vLLM's split of 3 decoder layers over 2 stages: 2 + 1
+    assert [(s["layers"], s["moe_layers"]) for s in stages] == [
+        ([0, 2], [1]),
+        ([2, 3], [2]),
+    ]
+    for stage in stages:
+        assert [share["rows"] for share in stage["per_gpu"]] == [
+            [0, 1536],
+            [1536, 3072],
+        ]
+    # each stage's GPUs load one of the checkpoint's 3 MoE layers (MTP included)
+    per_layer = report["bytes"]["routed_experts"] / 3
+    assert stages[0]["per_gpu"][0]["routed_expert_bytes"] == round(per_layer / 2)
 
 
 def test_json_does_not_change_an_unusable_input_refusal(tmp_path, capsys) -> None:

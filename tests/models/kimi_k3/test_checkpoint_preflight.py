@@ -275,6 +275,13 @@ RELEASED = KimiK3Spec.released()
     [
         (
             "mxfp4",
+            ["--tp", "8", "--dcp", "16"],
+            "decode-context-parallel size 16 does not divide tensor-parallel size 8",
+        ),
+        ("mxfp4", ["--tp", "8", "--pp", "94"], "exceeds the 93 layers"),
+        ("mxfp4", ["--tp", "8", "--pcp", "2"], "MultiHeadLatentAttention does not"),
+        (
+            "mxfp4",
             ["--tp", "24"],
             "TP 24 does not divide Kimi-K3's vocabulary of 163840",
         ),
@@ -321,6 +328,96 @@ def test_check_refuses_a_topology_as_plan_does_before_reading_shards(
     assert check_refusal.startswith("vllm-kimi-k3-moe check: error: ")
     assert rule in check_refusal
     assert len(check_refusal.splitlines()) == 1
+
+
+def test_pipeline_stages_each_load_their_layers(write, capsys) -> None:
+    """vLLM splits the 3 decoder layers 2 + 1: stage 0 holds MoE layer 1,
+    stage 1 MoE layer 2, each over its own 4 GPUs; DCP moves no weight."""
+    status, out = check(capsys, str(write()), "--tp", "4", "--pp", "2", "--dcp", "4")
+    assert status == 0, out
+    layer = 8 * (2 * (3072 * 128 + 3072 * 8) + 256 * 1536 + 256 * 96)  # bytes
+    lines = [line for line in out.splitlines() if line.startswith(("per G", "stage"))]
+    assert lines == [
+        "per GPU     TP4 DCP4 x PP2 without expert parallelism: each stage's 4 "
+        "GPUs load its MoE layers alone (GPU r: the r-th of them)",
+        "stage 0     decoder layers 0-1 (MoE layers 1): all 8 experts, 768 of 3072 "
+        "intermediate rows each (GPU r: rows 768r to 768r+767); "
+        f"{layer / 4 / 1e6:.2f} MB of routed-expert checkpoint data",
+        "stage 1     decoder layer 2 (MoE layers 2): all 8 experts, 768 of 3072 "
+        "intermediate rows each (GPU r: rows 768r to 768r+767); "
+        f"{layer / 4 / 1e6:.2f} MB of routed-expert checkpoint data",
+    ]
+    assert "MTP draft layers 3: in no stage above" in out
+    assert "DCP         4 GPUs of each TP group share the MLA KV cache" in out
+
+
+def test_a_serve_command_checks_the_layout_it_asks_for(write, capsys) -> None:
+    """The line read by vLLM's parser (its aliases too) is the same check
+    as the options; its model is the checkpoint unless one is given."""
+    directory = write()
+    status, by_options = check(
+        capsys, str(directory), "--tp", "4", "--pp", "2", "--dcp", "4"
+    )
+    serve = f"vllm serve {directory} -tp 4 --pipeline-parallel-size 2 -dcp 4 --port 1"
+    assert (
+        check(capsys, "--serve-command", serve)
+        == (status, by_options)
+        == (
+            0,
+            by_options,
+        )
+    )
+    assert check(capsys, str(directory), "--serve-command", serve)[1] == by_options
+
+
+@pytest.mark.parametrize(
+    ("serve", "args", "words"),
+    [
+        # vLLM's parser takes these; the topology rules refuse them as plan does
+        ("-tp 8 -dcp 16", ["--tp", "8", "--dcp", "16"], ["dcp_size"]),
+        ("-tp 8 --prefill-context-parallel-size 2", ["--pcp", "2"], ["MLA"]),
+        ("-tp 5", ["--tp", "5"], ["heads"]),
+    ],
+)
+def test_a_serve_command_is_refused_as_plan_refuses_it(
+    tmp_path, capsys, serve, args, words
+) -> None:
+    """The released config.json alone: the refusal comes before any shard."""
+    (tmp_path / "config.json").write_text(json.dumps(RELEASED.config()))
+    refusals = []
+    for command in (
+        ["plan", "--config", str(tmp_path / "config.json"), *args],
+        ["check", "--serve-command", f"vllm serve {tmp_path} {serve}"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+        assert exit_info.value.code == 2
+        refusals.append(capsys.readouterr().err.splitlines()[-1])
+    plan_refusal, check_refusal = refusals
+    assert check_refusal == plan_refusal.replace(" plan: ", " check: ", 1)
+    for word in words:
+        assert word in check_refusal
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--serve-command", "vllm serve /m -tp 8", "--tp", "8"], ["drop --tp"]),
+        (["--serve-command", "vllm serve /m", "--ep", "--dcp", "2"], ["--ep, --dcp"]),
+        (["--serve-command", "vllm server /m"], ["'vllm serve'"]),
+        # vLLM's parser takes -tp and --tensor-parallel-size, not --tp
+        (["--serve-command", "vllm serve /m --tp 8"], ["unrecognized", "--tp"]),
+        ([], ["CHECKPOINT_DIR"]),
+    ],
+)
+def test_bad_serve_commands_are_one_line(capsys, args, words) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("vllm-kimi-k3-moe check: error: ")
+    for word in words:
+        assert word in err
 
 
 def test_expert_parallel_share(write, capsys) -> None:

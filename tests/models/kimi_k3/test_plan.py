@@ -166,6 +166,26 @@ def test_json_with_fit_check(kimi_model, capsys):
     assert kv["fixed_tokens"] % 131072 != 0  # concurrency x max_model_len
 
 
+def test_a_dcp_row_has_its_tps_weights_and_more_kv_cache(kimi_k3_h20_planner):
+    from vllm_kimi_k3_moe.tools.plan.report import table
+
+    plans = [kimi_k3_h20_planner.plan(Deployment(32, dcp_size=dcp)) for dcp in (1, 32)]
+    text = table(plans)
+    assert max(len(line) for line in text.splitlines()) <= 120
+    rows = {line[:12].strip(): line[12:].split() for line in text.splitlines()}
+    # GPUs | weights vLLM plugin | fits vLLM plugin | KV tokens ...
+    assert rows["TP32 DCP32"][:5] == rows["TP32"][:5] == [
+        "32", "136.1", "75.9", "no", "yes"
+    ]  # fmt: skip
+    tokens = [int(rows[name][5].replace(",", "")) for name in ("TP32", "TP32 DCP32")]
+    assert tokens[1] > 10 * tokens[0]  # 8.5 M against 0.41 M
+    assert "changes no weight" in text
+    document = plans[1].to_dict()
+    assert document["deployment"]["dcp_size"] == 32
+    assert document["kv_cache_per_gpu"]["dcp_size"] == 32
+    assert "--decode-context-parallel-size 32" in document["serve_command"]
+
+
 def test_config_file_with_nested_text_config(kimi_model, tmp_path, capsys):
     config = tmp_path / "config.json"
     config.write_text(
@@ -247,6 +267,13 @@ BAD_INPUT = [
         ["--quantization", "w4a16", "--moe-backend", "triton"],
         ["'triton'", "w4a16", "marlin"],
     ),
+    # DCP groups are TP GPUs: vLLM's ParallelConfig needs DCP to divide TP
+    ("dcp not dividing tp", ["--tp", "8", "--dcp", "16"], ["16", "8", "dcp_size"]),
+    ("dcp with the defaults", ["--dcp", "3"], ["size 3", "tensor-parallel size 8"]),
+    ("advisor with --dcp", ["--gpus", "8", "--gpu", "b300", "--dcp", "8"], ["--dcp"]),
+    # vLLM 0.33.0's Kimi-K3 MLA layer asserts prefill context parallelism away
+    ("pcp", ["--tp", "8", "--pcp", "2"], ["prefill-context-parallel size 2", "MLA"]),
+    ("pcp in the advisor", ["--gpus", "8", "--gpu", "b300", "--pcp", "2"], ["MLA"]),
 ]
 
 

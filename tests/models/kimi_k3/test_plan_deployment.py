@@ -82,6 +82,28 @@ def test_kv_tokens_follow_the_memory_left(kimi_k3_deployment_plans):
     assert budget.kv_cache_bytes(result.upstream.total_bytes) < 0
 
 
+@pytest.mark.parametrize("dcp", [2, 8, 32])
+def test_dcp_splits_each_requests_mla_tokens_not_its_kda_state(
+    kimi_k3_h20_planner, dcp
+):
+    """TP32 on H20s with DCP: the same weights and memory left (DCP changes
+    no parameter), but a request takes a GPU's MLA blocks for 1/dcp of its
+    131072 tokens and still every KDA state block (3 groups x 3 blocks:
+    the state is replicated over the DCP group)."""
+    without = kimi_k3_h20_planner.plan(Deployment(32))
+    result = kimi_k3_h20_planner.plan(Deployment(32, dcp_size=dcp))
+    assert result.fixed.components == without.fixed.components
+    left = result.fixed_kv.available_bytes
+    assert left == without.fixed_kv.available_bytes
+    blocks = left // (MLA_LAYERS * result.kv_cache.page_bytes)
+    per_request = math.ceil(131072 / dcp / 256) + 3 * 3
+    assert result.fixed_kv.concurrency == pytest.approx(
+        (blocks - 1) / per_request, rel=1e-3
+    )
+    assert result.fixed_kv.tokens == int(result.fixed_kv.concurrency * 131072)
+    assert result.kv_cache.dcp_size == dcp
+
+
 @pytest.mark.parametrize(
     ("gib", "upstream_fits", "fixed_fits"),
     [(80, False, False), (96, False, True), (141, False, True), (192, True, True)],

@@ -1,11 +1,11 @@
 """Build vLLM's real Kimi-K3 model for one rank of a deployment, on a CPU.
 
-Offline only (``plan``, ``check --moe-backend``, ``selftest``, the test
-suite): nothing here runs in a serving process. ``vllm_config`` makes the
-``VllmConfig`` ``vllm serve`` would, ``rank`` poses the process as a rank,
-``whole_model``
-builds the language model on ``meta`` and ``allocation`` reads what it
-allocates, ``kv_cache`` sizes the KV cache with vLLM's own planner.
+Offline only (``plan``, ``check --moe-backend`` and ``--serve-command``,
+``selftest``, the test suite): nothing here runs in a serving process.
+``vllm_config`` makes the ``VllmConfig`` ``vllm serve`` would, ``rank``
+poses the process as a rank, ``whole_model`` builds the language model on
+``meta`` and ``allocation`` reads what it allocates, ``kv_cache`` sizes the
+KV cache with vLLM's own planner.
 
 Stand-in ledger
 ---------------
@@ -17,7 +17,7 @@ suite's build tests fail when a name moves.
 
 ``rank.simulated_rank``
     Replaces ``vllm.distributed.parallel_state._TP``, ``_DP``, ``_PCP``,
-    ``_PP``, ``_EP`` (``GroupStandIn``, with the rank's place in each).
+    ``_DCP``, ``_PP``, ``_EP`` (``GroupStandIn``, with the rank's place in each).
     Why: without GPUs there are no torch.distributed groups; layers read
     only each group's size, this rank and first/last rank. Re-check: the
     group globals' names and the attributes layers read from them.
@@ -28,9 +28,11 @@ suite's build tests fail when a name moves.
 ``stand_ins.mla_attention_kernels``
     Replaces ``get_attn_backend`` and ``get_mla_prefill_backend`` as
     ``vllm.models.kimi_k3.nvidia.mla`` looks them up: a FlashMLA backend
-    subclass whose kernel object is a stand-in. Why: MLA's kernels are chosen
-    for, and imported on, the GPU. Re-check: the two names in ``mla.py``;
-    that FlashMLA's block sizes still match the GPU's first choice.
+    subclass whose kernel object is a stand-in (with FlashMLA's LSE base,
+    which vLLM's own DCP manager reads under ``--decode-context-parallel-size``).
+    Why: MLA's kernels are chosen for, and imported on, the GPU. Re-check:
+    the two names in ``mla.py``; that FlashMLA's block sizes still match the
+    GPU's first choice.
 ``stand_ins.linear_kernels_on_their_gpu``
     Replaces ``vllm.model_executor.kernels.linear.current_platform`` (as
     CUDA) and ``is_supported`` of every CUDA kernel in the private
@@ -78,6 +80,12 @@ suite's build tests fail when a name moves.
     GPU posing as every rank cannot form; the selftest sums the ranks
     itself. Re-check: ``all2all_utils.maybe_make_prepare_finalize``'s
     reading of ``dp_size``; the default ``all2all_backend``.
+``stand_ins.a_cuda_platform_for_the_parser``
+    Replaces ``current_platform.device_type`` (as ``cuda``) while ``check
+    --serve-command`` builds ``vllm serve``'s argument parser. Why: the
+    parser makes each config's defaults, and ``DeviceConfig("auto")`` asks
+    the platform for a device type a CPU box's platform does not have.
+    Re-check: that building the parser still reads only that.
 ``whole_model.kimi_moe_class``
     Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
     ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's

@@ -9,7 +9,11 @@ worker collects every attention layer's spec (``get_kv_cache_spec``: one
 engine groups them and sizes the block pool for the memory left
 (``get_kv_cache_configs``), then states the capacity as vLLM logs it
 (``get_kv_cache_capacity``: tokens = full-length requests x max_model_len,
-because KDA state is held per sequence, not per token).
+because KDA state is held per sequence, not per token). Under decode context
+parallelism vLLM's planner spreads each request's MLA tokens over the DCP
+group (MLA specs are DCP-sharded, KDA specs are not): the same specs are
+sized under a ``ParallelConfig`` with the DCP size set
+(``KvCachePlanner.with_decode_context``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ class KvCacheShape:
     mla_bytes_per_token: int  # all MLA layers together (latent + rope)
     kda_bytes_per_sequence: int  # all KDA layers' conv + recurrent state
     page_bytes: int  # one layer's block, MLA and KDA alike
+    # GPUs a sequence's MLA tokens are spread over (--decode-context-parallel-size):
+    # a GPU holds mla_bytes_per_token for one token in dcp_size; KDA state whole
+    dcp_size: int = 1
 
     @classmethod
     def of(cls, specs: dict[str, Any]) -> KvCacheShape:
@@ -91,8 +98,34 @@ class KvCachePlanner:
         Platform.update_block_size_for_backend(vllm_config)
         register_all_kvcache_specs(vllm_config)
         self.specs = get_kv_cache_spec(vllm_config)
-        self.shape = KvCacheShape.of(self.specs)
+        dcp = vllm_config.parallel_config.decode_context_parallel_size
+        self.shape = replace(KvCacheShape.of(self.specs), dcp_size=dcp)
         self._resolve_layout()
+        # the advisor asks the same again (vLLM alone and the plugin often
+        # leave the same memory, and every DCP size of a layout is asked)
+        self._by_dcp: dict[int, KvCachePlanner] = {dcp: self}
+        self._capacities: dict[tuple[tuple[int, ...], tuple], KvCapacity] = {}
+
+    def with_decode_context(self, dcp_size: int) -> KvCachePlanner:
+        """This rank's specs sized by vLLM's planner under
+        ``--decode-context-parallel-size dcp_size``: the same specs (the
+        layers build the same under DCP, which ``tests/upstream_contract``
+        holds to a build with it), under a copy of the ``VllmConfig`` whose
+        ``ParallelConfig`` vLLM remade with that DCP size (its validator
+        runs). The planner then gives each request ``1/dcp_size`` of its
+        MLA tokens on a GPU (MLA specs are DCP-sharded) and all of its KDA
+        state (KDA specs are not)."""
+        if dcp_size in self._by_dcp:
+            return self._by_dcp[dcp_size]
+        planner = copy.copy(self)
+        planner.shape = replace(self.shape, dcp_size=dcp_size)
+        planner.vllm_config = copy.copy(self.vllm_config)
+        planner.vllm_config.parallel_config = replace(
+            self.vllm_config.parallel_config, decode_context_parallel_size=dcp_size
+        )
+        planner._capacities = {}
+        self._by_dcp[dcp_size] = planner  # shared by the copies
+        return planner
 
     def _resolve_layout(self) -> None:
         from vllm.distributed.kv_transfer.kv_connector.utils import (
@@ -128,6 +161,15 @@ class KvCachePlanner:
         one stage holding every layer). vLLM groups the whole model's specs,
         sizes each stage's pool and gives every stage the smallest number of
         blocks; the binding stage is the one whose own pool is smallest."""
+        stages = list(stages) or [(0, 1 + max(self._layer_indices()))]
+        key = (tuple(available), tuple(stages))
+        if key not in self._capacities:
+            self._capacities[key] = self._capacity(available, stages)
+        return self._capacities[key]
+
+    def _capacity(
+        self, available: Sequence[int], stages: list[tuple[int, int]]
+    ) -> KvCapacity:
         from vllm.v1.core.kv_cache_planning import (
             get_global_kv_cache_groups,
             get_kv_cache_configs,
@@ -137,7 +179,6 @@ class KvCachePlanner:
             get_kv_cache_capacity,
         )
 
-        stages = list(stages) or [(0, 1 + max(self._layer_indices()))]
         # vLLM's grouping edits the specs it is given.
         specs = [copy.deepcopy(self.stage_specs(*stage)) for stage in stages]
         groups = get_global_kv_cache_groups(self.vllm_config, specs)

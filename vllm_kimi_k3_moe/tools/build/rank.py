@@ -51,7 +51,8 @@ class GroupStandIn:
 @contextmanager
 def simulated_rank(rank: Rank | Topology) -> Iterator[None]:
     """Pose this process as ``rank`` (a topology: its rank 0) in the TP, DP,
-    PCP, PP and EP groups."""
+    PCP, DCP, PP and EP groups (a DCP group is made of TP GPUs: this rank's
+    place in it is its TP rank's within groups of DCP)."""
     from vllm.distributed import parallel_state
 
     if isinstance(rank, Topology):
@@ -63,6 +64,7 @@ def simulated_rank(rank: Rank | Topology) -> Iterator[None]:
         _TP=GroupStandIn(topology.tp_size, rank.tp_rank),
         _DP=GroupStandIn(topology.dp_size, rank.dp_rank),
         _PCP=GroupStandIn(1, 0),
+        _DCP=GroupStandIn(topology.dcp_size, rank.tp_rank % topology.dcp_size),
         _PP=GroupStandIn(topology.pp_size, rank.pp_rank),
         _EP=GroupStandIn(
             topology.gpus if ep else 1,

@@ -60,7 +60,11 @@ class MlaKernelStandIn:
     ``impl``) and the MLA prefill backend: they hold kernels chosen for the
     GPU (FlashMLA, FlashInfer, CUTLASS MLA, FlashAttention prefill), not
     parameters, and a CPU box can neither select nor import them. It holds
-    no parameters."""
+    no parameters. Under decode context parallelism the layer hands vLLM's
+    DCP manager the base of the softmax LSE the kernel returns (FlashMLA's:
+    natural log)."""
+
+    lse_base_on_e = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -192,6 +196,19 @@ def a_cuda_device() -> Iterator[None]:
     with replaced_attributes(
         current_platform, current_device=lambda: torch.device("cuda", 0)
     ):
+        yield
+
+
+@contextmanager
+def a_cuda_platform_for_the_parser() -> Iterator[None]:
+    """vLLM's argument parser (``EngineArgs.add_cli_args``, which ``vllm
+    serve``'s adds to its own) builds each config class's defaults, and
+    ``DeviceConfig``'s "auto" asks the current platform for its device type,
+    which a CPU box's unspecified platform does not have: here it says
+    ``cuda``, as on the GPUs a serve command is for. Holds no parameters."""
+    from vllm.platforms import current_platform
+
+    with replaced_attributes(current_platform, device_type="cuda"):
         yield
 
 

@@ -115,6 +115,7 @@ def rank_vllm_config(
             data_parallel_size=topology.dp_size,
             enable_expert_parallel=topology.expert_parallel,
             pipeline_parallel_size=topology.pp_size,
+            decode_context_parallel_size=topology.dcp_size,
         ),
         kernel_config=KernelConfig(moe_backend=moe_backend),
         scheduler_config=SchedulerConfig(

@@ -4,9 +4,11 @@ Keys: ``checkpoint``, ``status`` (the exit status: 0 clean, 1 problems),
 ``headline`` (the cause, or null), ``format``, ``topology``, ``shards``,
 ``bytes``, ``layers``, ``expert_tensors``, ``per_gpu`` (per GPU of the MoE
 group: ``experts`` and ``rows`` as half-open [start, end) ranges and the
-routed-expert checkpoint bytes it loads), ``summary`` (problems per kind
-and per shard), ``problems`` (every one: kind, subject, detail, shard) and,
-with ``--moe-backend``, ``allocation``. Encoded by msgspec: a release-sized
+routed-expert checkpoint bytes it loads, over every MoE layer), ``summary``
+(problems per kind and per shard), ``problems`` (every one: kind, subject,
+detail, shard), with ``--pp`` ``stages`` (each stage's ``layers`` [start,
+end), ``moe_layers`` and ``per_gpu``) and, with ``--moe-backend``,
+``allocation``. Encoded by msgspec: a release-sized
 checkpoint with every expert tensor wrong is about a million problems.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 import msgspec
 
 from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport
+from vllm_kimi_k3_moe.tools.check.sharding import GpuShare
 from vllm_kimi_k3_moe.tools.plan.planner import MoeMemoryPlan
 
 
@@ -36,6 +39,8 @@ def as_dict(report: PreflightReport) -> dict[str, Any]:
             "tp_size": topology.tp_size,
             "dp_size": topology.dp_size,
             "expert_parallel": topology.expert_parallel,
+            "pp_size": topology.pp_size,
+            "dcp_size": topology.dcp_size,
             "gpus": topology.gpus,
         },
         "shards": {"in_checkpoint": report.shards, "headers_read": report.headers_read},
@@ -49,15 +54,7 @@ def as_dict(report: PreflightReport) -> dict[str, Any]:
             "expected": report.expert_tensors_expected,
             "found": report.expert_tensors_found,
         },
-        "per_gpu": [
-            {
-                "gpu": share.gpu,
-                "experts": list(share.experts),
-                "rows": list(share.rows),
-                "routed_expert_bytes": share.expert_bytes,
-            }
-            for share in report.shares
-        ],
+        "per_gpu": _per_gpu(report.shares),
         "summary": {
             "problems": len(problems),
             "by_kind": problems.counts(),
@@ -66,7 +63,34 @@ def as_dict(report: PreflightReport) -> dict[str, Any]:
             },
         },
         "problems": list(problems),
+        **(
+            {
+                "stages": [
+                    {
+                        "stage": stage.stage,
+                        "layers": list(stage.layers),
+                        "moe_layers": stage.moe_layers,
+                        "per_gpu": _per_gpu(stage.shares),
+                    }
+                    for stage in report.stages
+                ]
+            }
+            if topology.pp_size > 1
+            else {}
+        ),
     }
+
+
+def _per_gpu(shares: list[GpuShare]) -> list[dict[str, Any]]:
+    return [
+        {
+            "gpu": share.gpu,
+            "experts": list(share.experts),
+            "rows": list(share.rows),
+            "routed_expert_bytes": share.expert_bytes,
+        }
+        for share in shares
+    ]
 
 
 def allocation_dict(plan: MoeMemoryPlan) -> dict[str, Any]:

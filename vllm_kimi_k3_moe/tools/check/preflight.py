@@ -34,7 +34,12 @@ from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
     CheckpointTensors,
     read_checkpoint_tensors,
 )
-from vllm_kimi_k3_moe.tools.check.sharding import GpuShare, gpu_shares
+from vllm_kimi_k3_moe.tools.check.sharding import (
+    GpuShare,
+    StageShare,
+    gpu_shares,
+    stage_shares,
+)
 from vllm_kimi_k3_moe.tools.topology import (
     DeploymentError,
     Topology,
@@ -69,6 +74,11 @@ class PreflightReport:
     def shares(self) -> list[GpuShare]:
         """What each GPU of the MoE group loads."""
         return gpu_shares(self.layout, self.parallelism, self.expert_bytes)
+
+    @property
+    def stages(self) -> list[StageShare]:
+        """What each GPU of each pipeline stage's MoE group loads."""
+        return stage_shares(self.layout, self.parallelism, self.expert_bytes)
 
     @property
     def status(self) -> int:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats.layouts import PROJECTIONS
-from vllm_kimi_k3_moe.tools.check.layout import layer_ranges
+from vllm_kimi_k3_moe.tools.check.layout import KimiK3Layout, layer_ranges
 from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport
 from vllm_kimi_k3_moe.tools.check.problems import Problem, ProblemLog
-from vllm_kimi_k3_moe.tools.check.sharding import ShareRun, row_runs
+from vllm_kimi_k3_moe.tools.check.sharding import GpuShare, ShareRun, row_runs
 from vllm_kimi_k3_moe.tools.plan.planner import MoeMemoryPlan
 
 EXAMPLES = 3  # problems shown per kind without --all
@@ -62,14 +62,56 @@ def summary(report: PreflightReport) -> list[str]:
 
 
 def per_gpu(report: PreflightReport) -> list[str]:
-    """What each GPU loads: one line for an even split, a line per run of
-    GPUs with the same rows where the format's split is not even."""
-    layout, shares = report.layout, report.shares
-    topology = report.parallelism.label("sentence")
-    if report.parallelism.expert_parallel:
+    """What each GPU loads; with pipeline stages, each stage's GPUs (its
+    layers, then the same split of each of its MoE layers); with DCP, that
+    it changes none of it."""
+    topology = report.parallelism
+    head = f"per GPU     {topology.label('sentence')}"
+    if topology.pp_size == 1:
+        lines = _split(head, report.layout, report.shares, topology.expert_parallel)
+    else:
+        lines = [
+            f"{head}: each stage's {topology.moe_group} GPUs load its MoE "
+            "layers alone (GPU r: the r-th of them)"
+        ]
+        for stage in report.stages:
+            start, end = stage.layers
+            layers = (
+                f"layers {start}-{end - 1}" if end - start > 1 else f"layer {start}"
+            )
+            stage_head = f"{f'stage {stage.stage}':<12}decoder {layers}"
+            if not stage.moe_layers:
+                lines.append(f"{stage_head}: no MoE layer")
+                continue
+            lines += _split(
+                f"{stage_head} (MoE layers {layer_ranges(stage.moe_layers)})",
+                report.layout,
+                stage.shares,
+                topology.expert_parallel,
+            )
+        if report.layout.mtp_layers:
+            lines.append(
+                f"{INDENT}MTP draft layers "
+                f"{layer_ranges(report.layout.mtp_layers)}: in no stage above"
+            )
+    if topology.dcp_size > 1:
+        lines.append(
+            f"DCP         {topology.dcp_size} GPUs of each TP group share the "
+            "MLA KV cache; no weight moves: each GPU loads the same as without it"
+        )
+    return lines
+
+
+def _split(
+    head: str, layout: KimiK3Layout, shares: list[GpuShare], expert_parallel: bool
+) -> list[str]:
+    """What each GPU of one MoE group loads: one line for an even split, a
+    line per run of GPUs with the same rows where the format's split is not
+    even."""
+    if expert_parallel:
         n = shares[0].experts[1] - shares[0].experts[0]
         return [
-            f"per GPU     {topology}: {n} of {layout.num_experts} experts (GPU r: "
+            f"{head}: {n} of {layout.num_experts} experts (GPU r: "
             f"experts {n}r to {n}r+{n - 1}), all {layout.intermediate} "
             f"intermediate rows; {_bytes(shares[0].expert_bytes)} of routed-expert "
             "checkpoint data"
@@ -78,7 +120,7 @@ def per_gpu(report: PreflightReport) -> list[str]:
     if len(runs) == 1:
         run = runs[0]
         return [
-            f"per GPU     {topology}: all {layout.num_experts} experts, "
+            f"{head}: all {layout.num_experts} experts, "
             f"{_rows(run, layout.intermediate)}; {_bytes(run.expert_bytes)} of "
             "routed-expert checkpoint data"
         ]
@@ -92,7 +134,7 @@ def per_gpu(report: PreflightReport) -> list[str]:
             "--moe-backend NAME)",
         ]
     return [
-        f"per GPU     {topology}: all {layout.num_experts} experts, {rule} of each:",
+        f"{head}: all {layout.num_experts} experts, {rule} of each:",
         *(
             f"{INDENT}{_gpus(run)}: "
             + (
@@ -136,6 +178,11 @@ def allocation(plan: MoeMemoryPlan) -> list[str]:
         f"experts {_bytes(totals['fixed_routed_bytes'])} per GPU over the "
         f"{plan.moe_layers} main-model MoE layers (upstream "
         f"{_bytes(totals['upstream_routed_bytes'])})"
+        + (
+            "; with PP a GPU holds its stage's layers of it"
+            if plan.deployment.pp_size > 1
+            else ""
+        )
     ]
 
 

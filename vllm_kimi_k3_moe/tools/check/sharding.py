@@ -5,7 +5,9 @@ flattens) holds whole experts n*r to n*r+n-1. Without it every GPU holds
 every expert, and of each the intermediate rows its format's record says
 (``CheckpointFormat.rank_rows``): an even slice, or for FP8 block whole
 128-row blocks (TP32: GPUs 0-23 one block each, 24-31 none). The test suite
-holds those rows to what vLLM's loader puts on each rank.
+holds those rows to what vLLM's loader puts on each rank. With pipeline
+stages each stage's GPUs load the experts of its MoE layers alone, split
+the same way (``stage_shares``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_kimi_k3_moe.tools.check.layout import KimiK3Layout
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.topology import Topology, pipeline_layers
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,38 @@ def gpu_shares(
         )
         for gpu, (start, end) in enumerate(layout.format.rank_rows(intermediate, group))
     ]
+
+
+@dataclass(frozen=True)
+class StageShare:
+    """One pipeline stage: its decoder layers [start, end), the MoE layers
+    among them, and what each GPU of the stage's MoE group loads of those."""
+
+    stage: int
+    layers: tuple[int, int]
+    moe_layers: list[int]
+    shares: list[GpuShare]
+
+
+def stage_shares(
+    layout: KimiK3Layout, topology: Topology, expert_bytes: int
+) -> list[StageShare]:
+    """Each pipeline stage's share: its main-model MoE layers (vLLM's split
+    of the decoder layers), split over its GPUs as ``gpu_shares`` splits a
+    layer; ``expert_bytes`` (every MoE layer's) counted per layer."""
+    per_layer = expert_bytes / len(layout.layers)
+    stages = []
+    for stage, (start, end) in enumerate(
+        pipeline_layers(layout.text_config["num_hidden_layers"], topology.pp_size)
+    ):
+        moe = [layer for layer in layout.main_layers if start <= layer < end]
+        stage_bytes = round(per_layer * len(moe))
+        stages.append(
+            StageShare(
+                stage, (start, end), moe, gpu_shares(layout, topology, stage_bytes)
+            )
+        )
+    return stages
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from vllm_kimi_k3_moe.tools.check.report import (
     verdict,
 )
 from vllm_kimi_k3_moe.tools.cli.common import (
+    add_context_parallel,
     add_dp_and_ep,
     fail,
     positive_int,
@@ -34,7 +36,13 @@ from vllm_kimi_k3_moe.tools.plan.planner import (
     PlanError,
     plan_deployment,
 )
-from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Topology
+from vllm_kimi_k3_moe.tools.serve_line import read_serve_command, serve_words
+from vllm_kimi_k3_moe.tools.topology import (
+    Deployment,
+    DeploymentError,
+    Topology,
+    validate_prefill_context_parallel,
+)
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -53,7 +61,8 @@ def add_command(commands: Subcommands) -> None:
             "with the format's dtype and logical shape (the contract the "
             "plugin's strict loader holds each tensor to), under the names "
             "vLLM's Kimi-K3 loader maps, and that vLLM can build the topology "
-            "(the rules plan applies). Prints one screen: the cause first when "
+            "(the rules plan applies), given by the options or by a vllm "
+            "serve line (--serve-command). Prints one screen: the cause first when "
             "the expert tensors are in another format than config.json "
             "declares, a summary, what each GPU loads, then the problems "
             "counted per kind and per shard with a few of each (--all: every "
@@ -65,7 +74,8 @@ def add_command(commands: Subcommands) -> None:
             "one line on stderr, before any shard is read: no such "
             "directory, a file instead of a directory, no config.json or "
             "shards, a quantization format check does not know, a topology "
-            "vLLM cannot build (as plan refuses it), an unknown --moe-backend "
+            "vLLM cannot build (as plan refuses it), a serve command vLLM's "
+            "parser refuses, an unknown --moe-backend "
             "for the format, a config.json without the attention fields "
             "--moe-backend needs, or another bad option value."
         ),
@@ -73,20 +83,40 @@ def add_command(commands: Subcommands) -> None:
     check.add_argument(
         "checkpoint",
         type=Path,
+        nargs="?",
         metavar="CHECKPOINT_DIR",
         help="directory with config.json, model.safetensors.index.json and "
-        "the shards (the files vLLM would load)",
+        "the shards (the files vLLM would load); with --serve-command, by "
+        "default the model it names",
+    )
+    check.add_argument(
+        "--serve-command",
+        metavar='"vllm serve ..."',
+        help="take the layout (TP, PP, DP, EP, DCP, PCP, --moe-backend) from "
+        "this vllm serve command line, for example one plan printed, read by "
+        "vLLM's own vllm serve parser (imports vLLM: about 10 s more); not "
+        "with the layout options",
     )
     check.add_argument(
         "--tp",
         "--tensor-parallel-size",
         dest="tp_size",
         type=positive_int,
-        default=32,
         metavar="N",
-        help="tensor-parallel size (default: 32)",
+        help=f"tensor-parallel size (default: {DEFAULT_TP})",
+    )
+    check.add_argument(
+        "--pp",
+        "--pipeline-parallel-size",
+        dest="pp_size",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="pipeline-parallel size: what each stage's GPUs load, its layers "
+        "split as vLLM splits them (default: 1)",
     )
     add_dp_and_ep(check)
+    add_context_parallel(check)
     check.add_argument(
         "--moe-backend",
         metavar="NAME",
@@ -110,15 +140,71 @@ def add_command(commands: Subcommands) -> None:
     check.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    parallelism = Topology(
-        args.tp_size, dp_size=args.dp_size, expert_parallel=args.expert_parallel
+DEFAULT_TP = 32
+# The options a serve command replaces: (option, its dest, its default).
+LAYOUT_OPTIONS = (
+    ("--tp", "tp_size", None),
+    ("--pp", "pp_size", 1),
+    ("--dp", "dp_size", 1),
+    ("--ep", "expert_parallel", False),
+    ("--dcp", "dcp_size", 1),
+    ("--pcp", "pcp_size", 1),
+    ("--moe-backend", "moe_backend", None),
+)
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    """The checkpoint and the layout ``check`` was asked about."""
+
+    checkpoint: Path
+    parallelism: Topology
+    pcp_size: int
+    backend: str | None  # --moe-backend, as vLLM spells it
+
+
+def _asked(args: argparse.Namespace) -> CheckInput:
+    """From the options, or from ``--serve-command`` read by vLLM's own
+    parser (then the options that give a layout are refused)."""
+    if args.serve_command is None:
+        if args.checkpoint is None:
+            raise DeploymentError("give CHECKPOINT_DIR, or --serve-command")
+        backend = None if args.moe_backend is None else args.moe_backend.lower()
+        topology = Topology(
+            args.tp_size or DEFAULT_TP,
+            dp_size=args.dp_size,
+            expert_parallel=args.expert_parallel,
+            pp_size=args.pp_size,
+            dcp_size=args.dcp_size,
+        )
+        return CheckInput(args.checkpoint, topology, args.pcp_size, backend)
+    given = [
+        name for name, dest, unset in LAYOUT_OPTIONS if getattr(args, dest) != unset
+    ]
+    if given:
+        raise DeploymentError(
+            f"--serve-command gives the layout; drop {', '.join(given)}"
+        )
+    serve_words(args.serve_command)  # what is not a serve line, before vLLM
+    print("reading the serve command with vLLM's parser ...", file=sys.stderr)
+    with quiet_vllm():
+        line = read_serve_command(args.serve_command)
+    return CheckInput(
+        args.checkpoint or Path(line.model),
+        line.topology,
+        line.pcp_size,
+        None if line.moe_backend == "auto" else line.moe_backend,
     )
-    backend = None if args.moe_backend is None else args.moe_backend.lower()
+
+
+def run(args: argparse.Namespace) -> int:
     try:  # refuses what it cannot use before reading the shards
-        report = preflight(args.checkpoint, parallelism, backend)
-    except PreflightInputError as error:
+        asked = _asked(args)
+        validate_prefill_context_parallel(asked.pcp_size)
+        report = preflight(asked.checkpoint, asked.parallelism, asked.backend)
+    except (DeploymentError, PreflightInputError) as error:
         fail("check", str(error))
+    backend = asked.backend
     if args.json:
         plan = None if backend is None else _vllm_allocation(report, backend)
         # as text: sys.stdout may be a stream without a binary buffer

@@ -1,5 +1,6 @@
 """What every subcommand's parser shares: one-line errors, number parsing,
-the topology, format and kernel options, and vLLM's logs kept off stdout."""
+the topology options (DP, EP, DCP, PCP), the format and kernel options, and
+vLLM's logs kept off stdout."""
 
 from __future__ import annotations
 
@@ -72,6 +73,30 @@ def add_dp_and_ep(command: argparse.ArgumentParser) -> None:
         dest="expert_parallel",
         action="store_true",
         help="expert parallelism over TP x DP GPUs, as vLLM's flag of that name",
+    )
+
+
+def add_context_parallel(command: argparse.ArgumentParser) -> None:
+    """``--dcp`` and ``--pcp``, as vLLM's flags of those long names."""
+    command.add_argument(
+        "--dcp",
+        "--decode-context-parallel-size",
+        dest="dcp_size",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="decode-context-parallel size, dividing TP: the MLA KV cache is "
+        "split over N GPUs of each TP group; no weight changes (default: 1)",
+    )
+    command.add_argument(
+        "--pcp",
+        "--prefill-context-parallel-size",
+        dest="pcp_size",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="prefill-context-parallel size: only 1, vLLM's Kimi-K3 attention "
+        "refuses more (default: 1)",
     )
 
 

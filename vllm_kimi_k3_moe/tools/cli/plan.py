@@ -2,8 +2,9 @@
 
 Two modes. With ``--gpus N`` (and a GPU: ``--gpu NAME`` or
 ``--gpu-memory-gib X``) the advisor lists every layout of exactly N GPUs
-vLLM builds, fitting first, with the ``vllm serve`` command of each. With
-``--tp`` (default 8 16 32, and ``--pp``/``--dp``/``--ep``) one row per
+vLLM builds (DCP sizes included), fitting first and most KV cache first,
+the public ones marked, with ``vllm serve`` commands. With ``--tp``
+(default 8 16 32, and ``--pp``/``--dp``/``--ep``/``--dcp``) one row per
 tensor-parallel size. Every input error ends the command before vLLM's
 import (the slow part), in one line with exit status 2.
 """
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import format_named
 from vllm_kimi_k3_moe.tools.cli.common import (
+    add_context_parallel,
     add_dp_and_ep,
     add_format_and_backend,
     backends_by_format,
@@ -36,6 +38,7 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
 )
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
+from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import advice, as_json, table, wide_table
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
 from vllm_kimi_k3_moe.tools.text_config import (
@@ -52,6 +55,7 @@ from vllm_kimi_k3_moe.tools.topology import (
     layouts,
     validate,
     validate_backend,
+    validate_prefill_context_parallel,
     validate_serving,
 )
 
@@ -80,9 +84,12 @@ def add_command(commands: Subcommands) -> None:
             "it then has, from vLLM's own KV-cache planner. "
             "Advisor: --gpus N with --gpu NAME (or --gpu-memory-gib X) lists "
             "every tensor x pipeline x data-parallel layout of exactly N GPUs, "
-            "with and without expert parallelism, that vLLM builds for the "
-            "format and kernel, fitting first, and the vllm serve command of "
-            "each. Otherwise one row per --tp size (default 8 16 32)."
+            "with and without expert parallelism, with every decode-context-"
+            "parallel size, that vLLM builds for the format and kernel, "
+            "ordered by memory alone (fitting first, most KV cache first; "
+            "speed is not measured), marks the layouts public deployments run "
+            "on that GPU, and prints the vllm serve commands of the first few "
+            "and of those. Otherwise one row per --tp size (default 8 16 32)."
         ),
         epilog=(
             f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees. "
@@ -95,7 +102,7 @@ def add_command(commands: Subcommands) -> None:
         type=positive_int,
         metavar="N",
         help="advisor: every layout of exactly N GPUs (needs --gpu or "
-        "--gpu-memory-gib; not with --tp/--pp/--dp/--ep)",
+        "--gpu-memory-gib; not with --tp/--pp/--dp/--ep/--dcp)",
     )
     plan.add_argument(
         "--gpu",
@@ -128,6 +135,7 @@ def add_command(commands: Subcommands) -> None:
         "(default: 1)",
     )
     add_dp_and_ep(plan)
+    add_context_parallel(plan)
     add_format_and_backend(plan)
     plan.add_argument(
         "--kv-cache-dtype",
@@ -267,6 +275,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             args.language_model_only,
         )
         validate_serving(serving)
+        validate_prefill_context_parallel(args.pcp_size)
         backend = args.moe_backend.lower()
         fmt = format_named(args.quantization)
         if args.gpus is not None:
@@ -277,6 +286,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                     ("--pp", args.pp_size != 1),
                     ("--dp", args.dp_size != 1),
                     ("--ep", args.expert_parallel),
+                    ("--dcp", args.dcp_size != 1),
                 )
                 if given
             ]
@@ -306,6 +316,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                     dp_size=args.dp_size,
                     pp_size=args.pp_size,
                     expert_parallel=args.expert_parallel,
+                    dcp_size=args.dcp_size,
                     backend=backend,
                     quantization=fmt.name,
                 )
@@ -374,7 +385,8 @@ def run(args: argparse.Namespace) -> int:
             f"{asked.backend}, {len(plans)} layouts vLLM builds, "
             "GB = 10^9 bytes"
         )
-        print(advice(plans, refused, title))
+        public = public_layouts(args.gpu, args.gpus)
+        print(advice(plans, refused, title, public))
     else:
         print(table(plans))
     return 0

@@ -8,10 +8,11 @@ pipeline stage's share is summed from the per-layer sizes of that build, the
 layers split as vLLM splits them (``get_pp_indices``; embeddings on the first
 stage, ``lm_head`` on the last). The KV cache of each stage comes from the
 specs of the attention layers it holds, sized together by vLLM's own planner
-(``tools.build.kv_cache``). A build is made once per distinct sharding (TP,
-the MoE's TP x DP group, expert parallelism) and reused by every layout that
-shares it. ``topology.validate`` refuses, before any build, what vLLM cannot
-build, so every GPU of a stage allocates what its rank 0 does.
+(``tools.build.kv_cache``). A build is made once per distinct sharding (the
+whole model per TP; its MLPs per MoE group, TP x DP, and expert
+parallelism) and reused by every layout that shares it.
+``topology.validate`` refuses, before any build, what vLLM cannot build, so
+every GPU of a stage allocates what its rank 0 does.
 """
 
 from __future__ import annotations
@@ -155,13 +156,16 @@ class Planner:
 
     def _built(self, deployment: Deployment) -> _Built:
         """The sharding of ``deployment``, built once: the whole model for its
-        TP and expert parallelism; with DP, whose MoE group is TP x DP, the
-        MLPs alone under that group, in a two-layer model (a dense layer and
-        an MoE layer; attention, embeddings and norms depend on TP alone)."""
-        sharding = replace(deployment, pp_size=1)
+        TP; with DP (whose MoE group is TP x DP) or expert parallelism, the
+        MLPs alone under that sharding, in a two-layer model (a dense layer
+        and an MoE layer; attention, embeddings and norms depend on TP
+        alone). Decode context parallelism changes no parameter and no
+        KV-cache spec (a test builds it), only how vLLM's planner sizes the
+        cache: it is not part of the sharding."""
+        sharding = replace(deployment, pp_size=1, dcp_size=1)
         if sharding in self._builds:
             return self._builds[sharding]
-        whole_sharding = replace(sharding, dp_size=1)
+        whole_sharding = replace(sharding, dp_size=1, expert_parallel=False)
         if whole_sharding not in self._builds:
             upstream, fixed = self._build(whole_sharding, self.text_config)
             self._builds[whole_sharding] = _Built(
@@ -172,7 +176,7 @@ class Planner:
                 KvCachePlanner(fixed.vllm_config),
             )
         whole = self._builds[whole_sharding]
-        if sharding.dp_size > 1:
+        if sharding != whole_sharding:
             upstream, fixed = self._build(sharding, one_layer_of_each(self.text_config))
             self._builds[sharding] = replace(
                 whole,
@@ -187,6 +191,7 @@ class Planner:
         """Size ``deployment`` (validated here first)."""
         validate(self.text_config, deployment)
         built = self._built(deployment)
+        kv = built.kv.with_decode_context(deployment.dcp_size)
         num_layers = self.text_config["num_hidden_layers"]
         ranges = pipeline_stages(num_layers, deployment.pp_size)
         last = len(ranges) - 1
@@ -212,7 +217,7 @@ class Planner:
             moe=moe,
             serving=self.serving,
             stages=stages,
-            kv_cache=built.kv.shape,
+            kv_cache=kv.shape,
             serve_command=serve_command(
                 deployment,
                 self.serving,
@@ -226,13 +231,13 @@ class Planner:
         return replace(
             plan,
             budget=self.budget,
-            upstream_kv=self._capacity(built, stages, ranges, "upstream"),
-            fixed_kv=self._capacity(built, stages, ranges, "fixed"),
+            upstream_kv=self._capacity(kv, stages, ranges, "upstream"),
+            fixed_kv=self._capacity(kv, stages, ranges, "fixed"),
         )
 
     def _capacity(
         self,
-        built: _Built,
+        kv: KvCachePlanner,
         stages: Iterable[StageAllocation],
         ranges: list[tuple[int, int]],
         side: str,
@@ -242,7 +247,7 @@ class Planner:
             self.budget.kv_cache_bytes(getattr(stage, side).total_bytes)
             for stage in stages
         ]
-        return built.kv.capacity(available, ranges)
+        return kv.capacity(available, ranges)
 
     def advise(
         self, gpus: int, quantization: str, backend: str

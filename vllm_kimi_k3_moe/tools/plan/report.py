@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Collection, Sequence
 
 from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe.tools.plan.public_layouts import PublicLayout
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 GB = 10**9
 SERVE_COMMANDS_SHOWN = 3  # the advisor's text; --json has every one
@@ -126,6 +129,7 @@ def wide_table(plans: Sequence[DeploymentPlan]) -> str:
             *_render(groups, rows),
             "",
             *notes,
+            *_dcp_note(plans),
         ]
     )
 
@@ -142,11 +146,15 @@ def _note(plan: DeploymentPlan) -> str:
     return ""
 
 
-def table(plans: Sequence[DeploymentPlan], title: str | None = None) -> str:
+def table(
+    plans: Sequence[DeploymentPlan],
+    title: str | None = None,
+    marked: Collection[Topology] = (),
+) -> str:
     """The default table: one row per deployment, what a person deciding
-    needs (120 columns): the layout, the heaviest GPU's weights as vLLM alone
-    and with the plugin allocate them, and, with a GPU size, whether each
-    fits, the KV cache and why not."""
+    needs (120 columns): the layout (`` *`` after those ``marked``), the
+    heaviest GPU's weights as vLLM alone and with the plugin allocate them,
+    and, with a GPU size, whether each fits, the KV cache and why not."""
     first = plans[0]
     budget, serving = first.budget, first.serving
     groups = [
@@ -161,8 +169,9 @@ def table(plans: Sequence[DeploymentPlan], title: str | None = None) -> str:
         ]
     rows = []
     for p in plans:
+        mark = " *" if p.deployment.topology in marked else ""
         row = [
-            p.deployment.label(),
+            p.deployment.label() + mark,
             str(p.deployment.gpus),
             _gb(p.upstream.total_bytes),
             _gb(p.fixed.total_bytes),
@@ -199,7 +208,19 @@ def table(plans: Sequence[DeploymentPlan], title: str | None = None) -> str:
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence.",
         ]
-    return "\n".join(lines)
+    return "\n".join(lines + _dcp_note(plans))
+
+
+def _dcp_note(plans: Sequence[DeploymentPlan]) -> list[str]:
+    """What decode context parallelism changes, under a table with DCP."""
+    if all(p.deployment.dcp_size == 1 for p in plans):
+        return []
+    return [
+        "DCP N (--decode-context-parallel-size) changes no weight: each GPU "
+        "holds the MLA cache of one",
+        "token in N of every request but its KDA state whole, so fewer than "
+        "N times the tokens fit.",
+    ]
 
 
 def _wrapped(command: str, width: int = 100) -> list[str]:
@@ -221,21 +242,69 @@ def _wrapped(command: str, width: int = 100) -> list[str]:
     return lines
 
 
-def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) -> str:
-    """The advisor's answer: every layout that builds, fitting first, then
-    the ``vllm serve`` command of each layout that fits with the plugin."""
-    lines = [table(plans, title)]
+def _in_table(plan: DeploymentPlan) -> bool:
+    """Whether the advisor's table shows ``plan``: every layout without DCP,
+    and with the largest DCP (its TP) where the weights leave memory for a
+    KV cache. The DCP sizes between hold a KV cache between those two rows
+    (a request's MLA share per GPU shrinks with DCP, nothing else changes);
+    DCP does not change weights that do not fit."""
+    d, kv = plan.deployment, plan.fixed_kv
+    if d.dcp_size == 1:
+        return True
+    return d.dcp_size == d.tp_size and (kv is None or kv.available_bytes > 0)
+
+
+def _serve_commands(heading: str, plans: Sequence[DeploymentPlan]) -> list[str]:
+    lines = ["", heading]
+    for p in plans:
+        lines += [f"  {p.deployment.label()}:", *_wrapped(p.serve_command)]
+    return lines
+
+
+def advice(
+    plans: Sequence[DeploymentPlan],
+    refused: Sequence[str],
+    title: str,
+    public: Sequence[PublicLayout] = (),
+) -> str:
+    """The advisor's answer: the layouts that build, ordered by memory as
+    the planner orders them (fitting first, most KV cache first), those run
+    in public (``public``) marked, then the ``vllm serve`` commands of the
+    first few that fit and of the public ones that fit."""
+    marked = {layout.topology for layout in public}
+    rows = [p for p in plans if _in_table(p)]
+    heading = (
+        f"{title}\nOrdered by memory alone: layouts that fit first, most KV cache "
+        "first (speed is not measured)."
+    )
+    lines = [table(rows, heading, marked)]
+    if public:
+        sources = ", ".join(f"{x.topology.label()} ({x.source})" for x in public)
+        lines += _paragraph(
+            f"* run in public on these GPUs: {sources}; not a speed ranking."
+        )
+    left_out = len(plans) - len(rows)
+    if left_out:
+        lines += _paragraph(
+            f"Not in the table: {left_out} layouts with DCP between 1 and their "
+            "TP (KV cache between their layout's rows without DCP and with DCP "
+            "= TP) or whose weights do not fit (DCP changes no weight); --json "
+            "lists every one."
+        )
     fitting = [p for p in plans if p.fits("fixed")]
     if fitting:
         shown = fitting[:SERVE_COMMANDS_SHOWN]
-        lines += ["", "vllm serve (with the plugin installed), best first:"]
-        for p in shown:
-            lines += [f"  {p.deployment.label()}:", *_wrapped(p.serve_command)]
+        lines += _serve_commands(
+            "vllm serve (with the plugin installed), most KV cache first:", shown
+        )
         if len(fitting) > len(shown):
             lines.append(
                 f"  and {len(fitting) - len(shown)} more that fit: --json gives "
                 "every layout's command"
             )
+        beaten = [p for p in fitting[len(shown) :] if p.deployment.topology in marked]
+        if beaten:
+            lines += _serve_commands("vllm serve, the public layouts (*):", beaten)
     else:
         lines += ["", "No layout fits: see the note column."]
     if refused:
@@ -245,6 +314,11 @@ def advice(plans: Sequence[DeploymentPlan], refused: Sequence[str], title: str) 
     if not_counted:
         lines += ["", "Not counted:", *(f"  {item}" for item in not_counted)]
     return "\n".join(lines)
+
+
+def _paragraph(text: str, width: int = 88) -> list[str]:
+    """``text`` wrapped to ``width`` columns, after a blank line."""
+    return ["", *textwrap.wrap(text, width)]
 
 
 def as_json(plans: Sequence[DeploymentPlan]) -> str:

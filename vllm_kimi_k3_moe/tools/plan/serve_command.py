@@ -29,6 +29,8 @@ def serve_command(
         "--tensor-parallel-size",
         str(deployment.tp_size),
     ]
+    if deployment.dcp_size > 1:
+        arguments += ["--decode-context-parallel-size", str(deployment.dcp_size)]
     if deployment.pp_size > 1:
         arguments += ["--pipeline-parallel-size", str(deployment.pp_size)]
     if deployment.dp_size > 1:

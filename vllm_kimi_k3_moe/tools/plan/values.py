@@ -148,7 +148,7 @@ class DeploymentPlan:
             )
         longest = capacity.fitting_max_model_len
         if longest:
-            return f"{stage}KV < 1 request; --max-model-len {longest} fits"
+            return f"{stage}KV < 1 request ({longest} tokens fit)"
         return f"{stage}KV < 1 request of --max-model-len"
 
     def to_dict(self) -> dict[str, Any]:

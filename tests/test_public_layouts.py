@@ -1,0 +1,30 @@
+"""The layouts the advisor marks as run in public are layouts it lists: each
+one vLLM builds for the release, on a GPU kind ``plan --gpu`` knows."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS
+from vllm_kimi_k3_moe.tools.plan.public_layouts import PUBLIC_LAYOUTS, public_layouts
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.topology import layouts
+
+
+@pytest.mark.parametrize("gpu", PUBLIC_LAYOUTS)
+def test_each_public_layout_is_one_the_advisor_lists(gpu):
+    assert gpu in GPU_PRESETS
+    for layout in PUBLIC_LAYOUTS[gpu]:
+        gpus = layout.topology.gpus
+        assert layout.topology in layouts(gpus, KIMI_K3_TEXT_CONFIG, mxfp4.RELEASE)
+        assert layout in public_layouts(gpu.upper(), gpus)
+
+
+def test_only_the_gpu_count_asked_and_none_without_a_preset():
+    assert [x.topology.label() for x in public_layouts("b300", 8)] == [
+        "TP8",
+        "TP8 DCP8",
+    ]
+    assert public_layouts("b300", 16) == ()
+    assert public_layouts(None, 8) == ()

@@ -1,0 +1,77 @@
+"""The layouts public deployments run Kimi-K3 in, per GPU kind.
+
+The advisor orders layouts by memory (the KV cache they leave), which puts
+deep pipelines first; these are what vLLM's recipe and other public
+deployments run, marked beside them so the beaten path is visible. What
+each entry says comes from the project's collected public facts
+(``shared/reference/kimi-k3-deployments.md``: vLLM's Kimi-K3 recipe, vLLM
+pull request #50484, NVIDIA Dynamo's recipes, public benchmark sweeps);
+nothing here says a layout is faster, which ``plan`` does not measure.
+Plain Python: no vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_kimi_k3_moe.tools.topology import Topology
+
+
+@dataclass(frozen=True)
+class PublicLayout:
+    """A layout run in public on a GPU kind, and who runs it."""
+
+    topology: Topology
+    source: str
+
+
+RECIPE = "vLLM's recipe"
+
+# By ``--gpu`` preset. kimi-k3-deployments.md, "Layouts in vLLM's published
+# recipe" and "Added later": B300/GB300 hold a replica in one node as TP8,
+# with --decode-context-parallel-size 8 opt-in (measured on GB300 by vLLM
+# PR #50484); H200 as TP8 x PP2 (a report moved there when one node ran
+# out of memory) or TP8 x DP2; GB200/GB300 as TP4 x DP4; NVIDIA Dynamo runs
+# H200 as TP8 x PP4, GB300 as TP8, GB200 as TP16; benchmark sweeps ran
+# H200 as TP16 x DP2 with EP and B200 as TP8 x DP2 with EP. H100 (32 GPUs
+# in the recipe) and H20 have no stated layout.
+PUBLIC_LAYOUTS: dict[str, tuple[PublicLayout, ...]] = {
+    "h200": (
+        PublicLayout(Topology(8, pp_size=2), RECIPE),
+        PublicLayout(Topology(8, dp_size=2), RECIPE),
+        PublicLayout(Topology(8, pp_size=4), "NVIDIA Dynamo's recipe"),
+        PublicLayout(
+            Topology(16, dp_size=2, expert_parallel=True), "a public benchmark"
+        ),
+    ),
+    "b200": (
+        PublicLayout(
+            Topology(8, dp_size=2, expert_parallel=True), "a public benchmark"
+        ),
+    ),
+    "b300": (
+        PublicLayout(Topology(8), RECIPE),
+        PublicLayout(Topology(8, dcp_size=8), f"{RECIPE}, DCP opt-in"),
+    ),
+    "gb300": (
+        PublicLayout(Topology(8), f"{RECIPE}, NVIDIA Dynamo's"),
+        PublicLayout(Topology(8, dcp_size=8), "vLLM PR #50484"),
+        PublicLayout(Topology(4, dp_size=4), RECIPE),
+    ),
+    "gb200": (
+        PublicLayout(Topology(4, dp_size=4), RECIPE),
+        PublicLayout(Topology(16), "NVIDIA Dynamo's recipe"),
+    ),
+}
+
+
+def public_layouts(gpu: str | None, gpus: int) -> tuple[PublicLayout, ...]:
+    """The public layouts of exactly ``gpus`` GPUs of kind ``gpu`` (a
+    ``--gpu`` preset name; none for ``--gpu-memory-gib``)."""
+    if gpu is None:
+        return ()
+    return tuple(
+        layout
+        for layout in PUBLIC_LAYOUTS.get(gpu.lower(), ())
+        if layout.topology.gpus == gpus
+    )

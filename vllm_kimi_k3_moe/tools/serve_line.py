@@ -1,0 +1,75 @@
+"""A ``vllm serve`` command line, read back into the layout it asks for.
+
+``check --serve-command`` takes the line ``plan`` printed (or any other):
+vLLM's own ``vllm serve`` argument parser reads it, so its aliases
+(``-tp 8``), ``--flag=value`` forms, repeated options (the last wins) and
+every option unrelated to the layout are taken exactly as ``vllm serve``
+takes them. What is asked of the topology is then validated by the same
+rules, with the same words, as ``plan`` (``topology.validate_topology``,
+``validate_prefill_context_parallel``). The words are split, and a line
+that is not ``vllm serve ...`` refused, before vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
+from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology
+
+
+class ServeCommandError(DeploymentError):
+    """A serve command that cannot be read; the message is one line."""
+
+
+@dataclass(frozen=True)
+class ServeLine:
+    """What a ``vllm serve`` line asks for, as far as ``check`` needs it."""
+
+    model: str  # the positional model (or --model)
+    topology: Topology
+    pcp_size: int  # --prefill-context-parallel-size
+    moe_backend: str  # --moe-backend ("auto" when not given)
+
+
+def serve_words(command: str) -> list[str]:
+    """The arguments after ``vllm serve`` (no vLLM import)."""
+    try:
+        words = shlex.split(command)
+    except ValueError as error:
+        raise ServeCommandError(f"--serve-command: {error}") from None
+    if words[:2] != ["vllm", "serve"]:
+        raise ServeCommandError(
+            f"--serve-command must start with 'vllm serve', got {command[:40]!r}"
+        )
+    return words[2:]
+
+
+def read_serve_command(command: str) -> ServeLine:
+    """``command`` read by vLLM's ``vllm serve`` parser (imports vLLM)."""
+    words = serve_words(command)
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    class OneLineParser(FlexibleArgumentParser):
+        """vLLM's parser, its error one line instead of its usage and exit."""
+
+        def error(self, message: str):  # type: ignore[override]
+            raise ServeCommandError(f"vllm serve's parser: {' '.join(message.split())}")
+
+    with a_cuda_platform_for_the_parser():
+        parser = make_arg_parser(OneLineParser(prog="vllm serve"))
+    args = parser.parse_args(words)
+    return ServeLine(
+        model=args.model_tag or args.model,
+        topology=Topology(
+            args.tensor_parallel_size,
+            dp_size=args.data_parallel_size,
+            expert_parallel=args.enable_expert_parallel,
+            pp_size=args.pipeline_parallel_size,
+            dcp_size=args.decode_context_parallel_size,
+        ),
+        pcp_size=args.prefill_context_parallel_size,
+        moe_backend=args.moe_backend,
+    )
