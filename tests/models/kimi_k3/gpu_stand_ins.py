@@ -17,8 +17,6 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from vllm_kimi_k3_moe.patching import replaced_attributes
-
 
 @contextmanager
 def marlin_without_gpu() -> Iterator[None]:
