@@ -221,3 +221,30 @@ def test_every_offered_backend_builds_the_format(kimi_model, fmt):
             KIMI_K3_TEXT_CONFIG, Deployment(32, backend=backend, quantization=fmt)
         )
         assert result.moe.fixed.intermediate_per_rank <= 256, (fmt, backend)
+
+
+def test_a_layout_only_the_plugin_builds_is_sized_and_says_so(kimi_model):
+    """FP8 blocks at TP8 x DP4: every expert over 32 GPUs with no model-level
+    padding, 96 rows each, which vLLM alone's FP8 block method refuses; the
+    plugin gives the first 24 GPUs whole 128-row blocks. plan sizes it, and
+    vLLM alone's side says it cannot build it (vLLM's own error)."""
+    from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+    from vllm_kimi_k3_moe.tools.plan.report import table
+
+    result = plan_deployment(
+        KIMI_K3_TEXT_CONFIG,
+        Deployment(8, dp_size=4, quantization="fp8-block"),
+        budget=GpuBudget(gpu_preset("b200").memory_gib),
+    )
+    assert result.moe.fixed.intermediate_per_rank == 128
+    assert result.moe.upstream is None and result.upstream is None
+    assert "not divisible by weight quantization block_n = 128" in (
+        result.moe.upstream_refusal or ""
+    )
+    assert result.fits("upstream") is False and result.fits("fixed") is True
+    document = result.to_dict()
+    assert document["whole_model"]["upstream_bytes"] is None
+    assert document["kv_cache"]["upstream_tokens"] == 0
+    row = table([result]).splitlines()[4]
+    assert row.split()[:4] == ["TP8", "DP4", "32", "-"]
+    assert row.endswith("vLLM 0.33.0 alone cannot build it")

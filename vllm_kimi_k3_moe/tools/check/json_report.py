@@ -100,12 +100,13 @@ def allocation_dict(plan: MoeMemoryPlan) -> dict[str, Any]:
         "moe_layers": plan.moe_layers,
         "intermediate_per_rank": {
             "plugin": plan.fixed.intermediate_per_rank,
-            "upstream": plan.upstream.intermediate_per_rank,
+            "upstream": plan.upstream and plan.upstream.intermediate_per_rank,
         },
         "routed_bytes_per_gpu": {
             "plugin": totals["fixed_routed_bytes"],
             "upstream": totals["upstream_routed_bytes"],
         },
+        "upstream_refusal": plan.upstream_refusal,
     }
 
 

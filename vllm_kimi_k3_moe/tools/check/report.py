@@ -171,13 +171,19 @@ def _rows(run: ShareRun, intermediate: int) -> str:
 def allocation(plan: MoeMemoryPlan) -> list[str]:
     """vLLM's allocation for the deployment, upstream and with the plugin."""
     totals = plan.all_moe_layers
+    upstream, alone_bytes = plan.upstream, totals["upstream_routed_bytes"]
     return [
         f"allocated   on {plan.deployment.backend}, by {VLLM}'s own layer: "
         f"{plan.fixed.intermediate_per_rank} intermediate rows per expert with "
-        f"this plugin (upstream {plan.upstream.intermediate_per_rank}); routed "
-        f"experts {_bytes(totals['fixed_routed_bytes'])} per GPU over the "
-        f"{plan.moe_layers} main-model MoE layers (upstream "
-        f"{_bytes(totals['upstream_routed_bytes'])})"
+        f"this plugin "
+        + (
+            f"(upstream {upstream.intermediate_per_rank}); "
+            if upstream is not None
+            else f"({VLLM} alone cannot build it: {plan.upstream_refusal}); "
+        )
+        + f"routed experts {_bytes(totals['fixed_routed_bytes'])} per GPU over the "
+        f"{plan.moe_layers} main-model MoE layers"
+        + ("" if alone_bytes is None else f" (upstream {_bytes(alone_bytes)})")
         + (
             "; with PP a GPU holds its stage's layers of it"
             if plan.deployment.pp_size > 1

@@ -52,6 +52,9 @@ from vllm_kimi_k3_moe.tools.topology import (
     validate_serving,
 )
 
+# What vLLM raises when it cannot build a layer for a deployment.
+BUILD_ERRORS = (AssertionError, TypeError, ValueError, RuntimeError)
+
 
 class PlanError(ValueError):
     """vLLM cannot build a deployment that passed ``validate``, or the plugin
@@ -80,13 +83,15 @@ def pipeline_stages(num_layers: int, pp_size: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class _Built:
-    """One sharding's rank 0, upstream and fixed, and its KV-cache specs."""
+    """One sharding's rank 0, upstream and fixed, and its KV-cache specs;
+    upstream None (and why) where vLLM alone cannot build it."""
 
-    upstream: PlacedAllocation
+    upstream: PlacedAllocation | None
     fixed: PlacedAllocation
-    upstream_moe: LayerAllocation
+    upstream_moe: LayerAllocation | None
     fixed_moe: LayerAllocation
     kv: KvCachePlanner
+    upstream_refusal: str | None = None
 
 
 class Planner:
@@ -136,23 +141,32 @@ class Planner:
         return self._model_dirs[key]
 
     def _build(self, deployment: Deployment, text_config: dict[str, Any]) -> Any:
-        """(upstream, fixed) ``RankBuild`` of ``deployment``'s rank 0, one
-        pipeline stage holding every layer of ``text_config``."""
+        """(upstream, fixed, why upstream failed) ``RankBuild`` of
+        ``deployment``'s rank 0, one pipeline stage holding every layer of
+        ``text_config``; upstream None where vLLM alone cannot build it, a
+        ``PlanError`` where the plugin cannot either."""
         serving = self.serving
         if text_config is not self.text_config:  # an MoE layer alone
             serving = replace(serving, language_model_only=True)
         model_dir = self._model_dir(deployment.format, text_config, serving)
-        try:
-            return tuple(
-                build_rank(cls, text_config, deployment, serving, model_dir)
-                for cls in (self.upstream_cls, self.fixed_cls)
-            )
-        except (AssertionError, TypeError, ValueError, RuntimeError) as error:
-            raise PlanError(
-                f"{VLLM} cannot build Kimi-K3 for {deployment.label()} in "
-                f"{deployment.quantization} on {deployment.backend}: "
-                f"{type(error).__name__}: {error}".replace("\n", " ")
-            ) from error
+        built: list[Any] = []
+        for cls in (self.upstream_cls, self.fixed_cls):
+            try:
+                built.append(
+                    build_rank(cls, text_config, deployment, serving, model_dir)
+                )
+            except BUILD_ERRORS as error:
+                why = f"{type(error).__name__}: {error}".replace("\n", " ")
+                if cls is self.fixed_cls:
+                    raise PlanError(
+                        f"{VLLM} cannot build Kimi-K3 for {deployment.label()} in "
+                        f"{deployment.quantization} on {deployment.backend}: {why}"
+                    ) from error
+                built.append(why)
+        upstream, fixed = built
+        if isinstance(upstream, str):
+            return None, fixed, upstream
+        return upstream, fixed, None
 
     def _built(self, deployment: Deployment) -> _Built:
         """The sharding of ``deployment``, built once: the whole model for its
@@ -167,23 +181,28 @@ class Planner:
             return self._builds[sharding]
         whole_sharding = replace(sharding, dp_size=1, expert_parallel=False)
         if whole_sharding not in self._builds:
-            upstream, fixed = self._build(whole_sharding, self.text_config)
+            upstream, fixed, why = self._build(whole_sharding, self.text_config)
             self._builds[whole_sharding] = _Built(
-                upstream.placed,
+                upstream and upstream.placed,
                 fixed.placed,
-                upstream.moe_layer,
+                upstream and upstream.moe_layer,
                 fixed.moe_layer,
                 KvCachePlanner(fixed.vllm_config),
+                why,
             )
         whole = self._builds[whole_sharding]
         if sharding != whole_sharding:
-            upstream, fixed = self._build(sharding, one_layer_of_each(self.text_config))
+            upstream, fixed, why = self._build(
+                sharding, one_layer_of_each(self.text_config)
+            )
+            alone = whole.upstream if upstream is not None else None
             self._builds[sharding] = replace(
                 whole,
-                upstream=whole.upstream.with_mlps_of(upstream.placed),
+                upstream=alone and alone.with_mlps_of(upstream.placed),
                 fixed=whole.fixed.with_mlps_of(fixed.placed),
-                upstream_moe=upstream.moe_layer,
+                upstream_moe=upstream and upstream.moe_layer,
                 fixed_moe=fixed.moe_layer,
+                upstream_refusal=whole.upstream_refusal or why,
             )
         return self._builds[sharding]
 
@@ -195,11 +214,12 @@ class Planner:
         num_layers = self.text_config["num_hidden_layers"]
         ranges = pipeline_stages(num_layers, deployment.pp_size)
         last = len(ranges) - 1
+        alone = built.upstream
         stages = tuple(
             StageAllocation(
                 index=index,
                 layers=(start, end),
-                upstream=built.upstream.stage(start, end, index == 0, index == last),
+                upstream=alone and alone.stage(start, end, index == 0, index == last),
                 fixed=built.fixed.stage(start, end, index == 0, index == last),
             )
             for index, (start, end) in enumerate(ranges)
@@ -212,6 +232,7 @@ class Planner:
             ),
             upstream=built.upstream_moe,
             fixed=built.fixed_moe,
+            upstream_refusal=built.upstream_refusal,
         )
         plan = DeploymentPlan(
             moe=moe,
@@ -231,7 +252,7 @@ class Planner:
         return replace(
             plan,
             budget=self.budget,
-            upstream_kv=self._capacity(kv, stages, ranges, "upstream"),
+            upstream_kv=alone and self._capacity(kv, stages, ranges, "upstream"),
             fixed_kv=self._capacity(kv, stages, ranges, "fixed"),
         )
 

@@ -7,6 +7,7 @@ import json
 import shlex
 import textwrap
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.tools.plan.public_layouts import PublicLayout
@@ -17,12 +18,19 @@ GB = 10**9
 SERVE_COMMANDS_SHOWN = 3  # the advisor's text; --json has every one
 
 
-def _gb(num_bytes: int) -> str:
-    return f"{num_bytes / GB:.1f}"
+CANNOT_BUILD = "-"  # vLLM alone's cell where it cannot build the layout
 
 
-def _gb_per_layer(num_bytes: int) -> str:
-    return f"{num_bytes / GB:.3f}"
+def _gb(num_bytes: int | None) -> str:
+    return CANNOT_BUILD if num_bytes is None else f"{num_bytes / GB:.1f}"
+
+
+def _gb_per_layer(num_bytes: int | None) -> str:
+    return CANNOT_BUILD if num_bytes is None else f"{num_bytes / GB:.3f}"
+
+
+def _total(allocation: Any) -> int | None:
+    return None if allocation is None else allocation.total_bytes
 
 
 def _render(
@@ -79,22 +87,22 @@ def wide_table(plans: Sequence[DeploymentPlan]) -> str:
             str(p.deployment.gpus),
             str(moe.fixed.local_experts),
             str(moe.logical_intermediate_per_rank),
-            str(moe.upstream.intermediate_per_rank),
+            str(moe.upstream.intermediate_per_rank) if moe.upstream else CANNOT_BUILD,
             str(moe.fixed.intermediate_per_rank),
-            _gb_per_layer(moe.upstream.routed_bytes),
+            _gb_per_layer(moe.upstream and moe.upstream.routed_bytes),
             _gb_per_layer(moe.fixed.routed_bytes),
             _gb_per_layer(moe.floor_routed_bytes),
             _gb(totals["upstream_routed_bytes"]),
             _gb(totals["fixed_routed_bytes"]),
             _gb(totals["floor_routed_bytes"]),
-            _gb(p.upstream.total_bytes),
+            _gb(_total(p.upstream)),
             _gb(p.fixed.total_bytes),
         ]
         if budget is not None:
             kv = (p.upstream_kv, p.fixed_kv)
-            row += ["yes" if c.tokens else "no" for c in kv]
-            row += [f"{c.tokens:,}" for c in kv]
-            row += [f"{c.concurrency:.1f}" for c in kv]
+            row += ["yes" if c and c.tokens else "no" for c in kv]
+            row += [f"{c.tokens:,}" if c else CANNOT_BUILD for c in kv]
+            row += [f"{c.concurrency:.1f}" if c else CANNOT_BUILD for c in kv]
         rows.append(row)
 
     d = first.deployment
@@ -141,6 +149,8 @@ def _note(plan: DeploymentPlan) -> str:
     reason = plan.reason()
     if reason is not None:
         return reason
+    if plan.moe.upstream_refusal is not None:
+        return f"{VLLM} alone cannot build it"
     if plan.plugin_makes_it_fit:
         return "fits with the plugin only"
     return ""
@@ -173,7 +183,7 @@ def table(
         row = [
             p.deployment.label() + mark,
             str(p.deployment.gpus),
-            _gb(p.upstream.total_bytes),
+            _gb(_total(p.upstream)),
             _gb(p.fixed.total_bytes),
         ]
         if budget is not None:
@@ -196,6 +206,11 @@ def table(
         "tower too, unless --language-model-only) on the heaviest GPU (pipeline",
         f"stage), as {VLLM} alone allocates it and with this plugin.",
     ]
+    if any(p.moe.upstream_refusal for p in plans):
+        lines.append(
+            f"{CANNOT_BUILD}: {VLLM} alone cannot build the layout (its error: "
+            "--json, upstream_refusal)."
+        )
     if budget is not None:
         kv = first.kv_cache
         lines += [

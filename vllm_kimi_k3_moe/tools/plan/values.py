@@ -1,7 +1,10 @@
 """What ``plan`` reports for one deployment: value types.
 
 Read from vLLM's language model built for rank 0, upstream and with the
-plugin (``tools.build``); rendered by ``report``.
+plugin (``tools.build``); rendered by ``report``. Where vLLM alone cannot
+build a layout the plugin builds (FP8 blocks or INT groups of 128 with every
+expert split 32 ways through data parallelism), its side is None and
+``MoeMemoryPlan.upstream_refusal`` says why.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, ModelAllocation
 from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape, KvCapacity
 from vllm_kimi_k3_moe.tools.gpu_budget import GIB, GpuBudget
@@ -22,8 +26,9 @@ class MoeMemoryPlan:
     deployment: Deployment
     moe_layers: int
     logical_intermediate_per_rank: int
-    upstream: LayerAllocation
+    upstream: LayerAllocation | None  # None: vLLM alone cannot build it
     fixed: LayerAllocation
+    upstream_refusal: str | None = None  # vLLM alone's error, one line
 
     @property
     def floor_routed_bytes(self) -> int:
@@ -41,25 +46,31 @@ class MoeMemoryPlan:
             "deployment": {**asdict(self.deployment), "gpus": self.deployment.gpus},
             "moe_layers": self.moe_layers,
             "logical_intermediate_per_rank": self.logical_intermediate_per_rank,
-            "upstream_per_layer": asdict(self.upstream),
+            "upstream_per_layer": self.upstream and asdict(self.upstream),
+            "upstream_refusal": self.upstream_refusal,
             "fixed_per_layer": asdict(self.fixed),
             "floor_routed_bytes_per_layer": self.floor_routed_bytes,
             "all_moe_layers": self.all_moe_layers,
         }
 
     @property
-    def all_moe_layers(self) -> dict[str, int]:
-        """Per-GPU bytes summed over the model's MoE layers."""
+    def all_moe_layers(self) -> dict[str, int | None]:
+        """Per-GPU bytes summed over the model's MoE layers (vLLM alone's
+        None where it cannot build the layout)."""
+        upstream = self.upstream
         per_layer = {
-            "upstream_routed_bytes": self.upstream.routed_bytes,
+            "upstream_routed_bytes": upstream and upstream.routed_bytes,
             "fixed_routed_bytes": self.fixed.routed_bytes,
             "floor_routed_bytes": self.floor_routed_bytes,
             "shared_bytes": self.fixed.shared_bytes,
             "latent_bytes": self.fixed.latent_bytes,
-            "upstream_total_bytes": self.upstream.total_bytes,
+            "upstream_total_bytes": upstream and upstream.total_bytes,
             "fixed_total_bytes": self.fixed.total_bytes,
         }
-        return {name: n * self.moe_layers for name, n in per_layer.items()}
+        return {
+            name: None if n is None else n * self.moe_layers
+            for name, n in per_layer.items()
+        }
 
 
 @dataclass(frozen=True)
@@ -68,16 +79,17 @@ class StageAllocation:
 
     index: int
     layers: tuple[int, int]  # the decoder layers it holds: [start, end)
-    upstream: ModelAllocation
+    upstream: ModelAllocation | None  # None: vLLM alone cannot build it
     fixed: ModelAllocation
 
     def to_dict(self) -> dict[str, Any]:
+        upstream = self.upstream
         return {
             "index": self.index,
             "layers": list(self.layers),
-            "upstream_bytes": self.upstream.total_bytes,
+            "upstream_bytes": upstream and upstream.total_bytes,
             "fixed_bytes": self.fixed.total_bytes,
-            "upstream_components": self.upstream.components,
+            "upstream_components": upstream and upstream.components,
             "fixed_components": self.fixed.components,
         }
 
@@ -110,7 +122,10 @@ class DeploymentPlan:
         return self.moe.deployment
 
     @property
-    def upstream(self) -> ModelAllocation:
+    def upstream(self) -> ModelAllocation | None:
+        """vLLM alone's heaviest stage; None where it cannot build it."""
+        if self.moe.upstream_refusal is not None:
+            return None
         return _heaviest(self.stages, "upstream")
 
     @property
@@ -125,8 +140,10 @@ class DeploymentPlan:
     def fits(self, side: str) -> bool | None:
         """Whether vLLM would start (``side``: upstream or fixed); None
         without a GPU size."""
+        if self.budget is None:
+            return None
         capacity = self.kv(side)
-        return None if capacity is None else capacity.tokens > 0
+        return capacity is not None and capacity.tokens > 0
 
     @property
     def plugin_makes_it_fit(self) -> bool:
@@ -135,6 +152,8 @@ class DeploymentPlan:
     def reason(self, side: str = "fixed") -> str | None:
         """Why it does not fit, in a few words; None when it fits or without
         a GPU size."""
+        if side == "upstream" and self.moe.upstream_refusal is not None:
+            return f"{VLLM} alone cannot build it: {self.moe.upstream_refusal}"
         capacity = self.kv(side)
         if capacity is None or capacity.tokens > 0 or self.budget is None:
             return None
@@ -153,10 +172,11 @@ class DeploymentPlan:
 
     def to_dict(self) -> dict[str, Any]:
         document = self.moe.to_dict()
+        upstream = self.upstream
         document["whole_model"] = {
-            "upstream_bytes": self.upstream.total_bytes,
+            "upstream_bytes": upstream and upstream.total_bytes,
             "fixed_bytes": self.fixed.total_bytes,
-            "upstream_components": self.upstream.components,
+            "upstream_components": upstream and upstream.components,
             "fixed_components": self.fixed.components,
         }
         if len(self.stages) > 1:
@@ -165,19 +185,20 @@ class DeploymentPlan:
         document["serving"] = asdict(self.serving)
         document["kv_cache_per_gpu"] = asdict(self.kv_cache)
         if self.budget is not None:
-            assert self.upstream_kv is not None and self.fixed_kv is not None
+            assert self.fixed_kv is not None
+            alone = self.upstream_kv  # None: vLLM alone cannot build it
             document["gpu"] = {
                 **asdict(self.budget),
                 "requested_bytes": self.budget.requested_bytes,
             }
             document["kv_cache"] = {
-                "upstream_tokens": self.upstream_kv.tokens,
+                "upstream_tokens": alone.tokens if alone else 0,
                 "fixed_tokens": self.fixed_kv.tokens,
-                "upstream_available_bytes": self.upstream_kv.available_bytes,
+                "upstream_available_bytes": alone and alone.available_bytes,
                 "fixed_available_bytes": self.fixed_kv.available_bytes,
-                "upstream_max_concurrency": self.upstream_kv.concurrency,
+                "upstream_max_concurrency": alone.concurrency if alone else 0.0,
                 "fixed_max_concurrency": self.fixed_kv.concurrency,
-                "upstream_refusal": self.upstream_kv.refusal,
+                "upstream_refusal": alone.refusal if alone else self.reason("upstream"),
                 "fixed_refusal": self.fixed_kv.refusal,
                 "binding_stage": self.fixed_kv.binding_stage,
             }
