@@ -237,6 +237,16 @@ def language_model_fields(document: dict[str, Any], path: Path) -> dict[str, Any
     return dict(text_config)
 
 
+def declared_quantization_config(document: dict[str, Any]) -> Any:
+    """The ``quantization_config`` a ``config.json`` document declares (at
+    its top level, or its language model's), or None."""
+    declared = document.get("quantization_config")
+    nested = document.get("text_config")
+    if declared is None and isinstance(nested, dict):
+        declared = nested.get("quantization_config")
+    return declared
+
+
 def read_language_model_config(path: Path) -> dict[str, Any]:
     """The whole text config in a Hugging Face ``config.json`` (what ``plan``
     builds the language model from)."""

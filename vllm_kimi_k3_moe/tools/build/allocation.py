@@ -51,6 +51,9 @@ class LayerAllocation:
     shared_bytes: int
     latent_bytes: int
     total_bytes: int
+    # built with the plugin: why vLLM alone's partition, which it builds,
+    # its kernel cannot run (the plugin's ``PartitionChoice``)
+    vllm_alone_refused: str | None = None
 
     @classmethod
     def of(cls, kimi_moe: Any) -> LayerAllocation:
@@ -70,6 +73,9 @@ class LayerAllocation:
             shared_bytes=total(SHARED_PARAMETERS),
             latent_bytes=total(LATENT_PARAMETERS),
             total_bytes=sum(sizes.values()),
+            vllm_alone_refused=getattr(
+                getattr(experts, "kimi_k3_partition", None), "upstream_refused", None
+            ),
         )
 
 

@@ -16,6 +16,7 @@ from vllm_kimi_k3_moe.formats import CheckpointFormat, FormatError, recognise
 from vllm_kimi_k3_moe.formats.layouts import TensorContract
 from vllm_kimi_k3_moe.tools.text_config import (
     ConfigFileError,
+    declared_quantization_config,
     language_model_fields,
     main_moe_layers,
     mtp_moe_layers,
@@ -45,6 +46,9 @@ class KimiK3Layout:
     declared_in: str = CONFIG_FILE  # the file the format was read from
     # the whole language model's config, read only when asked (--moe-backend)
     language_model: dict[str, Any] | None = None
+    # config.json's quantization_config (None: none, or ModelOpt's own file),
+    # which vLLM builds the experts' method from
+    quantization_config: dict[str, Any] | None = None
 
     @property
     def hidden(self) -> int:
@@ -106,9 +110,7 @@ def read_layout(directory: Path, language_model: bool = False) -> KimiK3Layout:
     except ConfigFileError as error:
         raise PreflightInputError(str(error)) from None
     nested = document.get("text_config")
-    quantization_config = document.get("quantization_config")
-    if quantization_config is None and isinstance(nested, dict):
-        quantization_config = nested.get("quantization_config")
+    quantization_config = declared_quantization_config(document)
     hf_quant_config = None
     if (directory / MODELOPT_CONFIG_FILE).is_file():
         try:
@@ -127,6 +129,9 @@ def read_layout(directory: Path, language_model: bool = False) -> KimiK3Layout:
             MODELOPT_CONFIG_FILE if isinstance(hf_quant_config, dict) else CONFIG_FILE
         ),
         language_model=whole,
+        quantization_config=(
+            quantization_config if isinstance(quantization_config, dict) else None
+        ),
     )
 
 

@@ -228,6 +228,10 @@ def _vllm_allocation(report: PreflightReport, backend: str) -> MoeMemoryPlan:
     assert report.layout.language_model is not None  # read with --moe-backend
     try:
         with quiet_vllm():
-            return plan_deployment(report.layout.language_model, deployment).moe
+            return plan_deployment(
+                report.layout.language_model,
+                deployment,
+                quantization_config=report.layout.quantization_config,
+            ).moe
     except (DeploymentError, PlanError) as error:
         fail("check", str(error))

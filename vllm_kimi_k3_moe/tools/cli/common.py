@@ -141,12 +141,13 @@ def add_format_and_backend(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--quantization",
         choices=FORMAT_NAMES,
-        default="mxfp4",
         help="the checkpoint's format, with its published quantization config: "
         "mxfp4 (the release, compressed-tensors mxfp4-pack-quantized, which "
         "vLLM serves as native MXFP4), ct-mxfp4 (other compressed-tensors "
         "MXFP4), fp8-block, nvfp4 (compressed-tensors), modelopt-nvfp4, "
-        "w4a16 (INT4), bf16 (default: mxfp4)",
+        "w4a16 (INT4 in groups of 32), awq, gptq (INT4 in groups of 128), "
+        "bf16 (default: what --config's quantization_config declares, any "
+        "config vLLM takes, else mxfp4)",
     )
     command.add_argument(
         "--moe-backend",

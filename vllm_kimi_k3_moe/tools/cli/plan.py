@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.formats import format_named
+from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
 from vllm_kimi_k3_moe.tools.cli.common import (
     add_context_parallel,
     add_dp_and_ep,
@@ -44,6 +44,8 @@ from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
     ConfigFileError,
+    declared_quantization_config,
+    read_config_document,
     read_language_model_config,
 )
 from vllm_kimi_k3_moe.tools.topology import (
@@ -203,6 +205,10 @@ class PlanInput:
     """What ``plan`` was asked, validated."""
 
     text_config: dict[str, Any]
+    quantization: str  # the format's name
+    # --config's own quantization_config; None: the format's published one
+    quantization_config: dict[str, Any] | None
+    quantization_title: str  # how the tables name it
     deployments: list[Deployment]  # explicit mode; the advisor enumerates
     serving: Serving
     budget: GpuBudget | None
@@ -267,6 +273,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             if args.config is None
             else read_language_model_config(args.config)
         )
+        fmt, quantization_config, quantization_title = _quantization(args)
         budget, gpu_title = _budget(args)
         default = Serving()
         serving = Serving(
@@ -277,7 +284,6 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         validate_serving(serving)
         validate_prefill_context_parallel(args.pcp_size)
         backend = args.moe_backend.lower()
-        fmt = format_named(args.quantization)
         if args.gpus is not None:
             explicit = [
                 option
@@ -323,11 +329,45 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                 for tp in args.tp_sizes or DEFAULT_TP_SIZES
             ]
             deployments = _buildable(text_config, deployments, args.tp_sizes is None)
-    except (ConfigFileError, DeploymentError, BudgetError, GpuError) as error:
-        fail("plan", str(error))
+    except (ConfigFileError, DeploymentError, BudgetError, GpuError, FormatError) as e:
+        fail("plan", str(e))
     if budget is None and not args.json:  # after every error: those are one line
         _note_kv_options_unused(args)
-    return PlanInput(text_config, deployments, serving, budget, gpu_title, backend)
+    return PlanInput(
+        text_config,
+        fmt.name,
+        quantization_config,
+        quantization_title,
+        deployments,
+        serving,
+        budget,
+        gpu_title,
+        backend,
+    )
+
+
+def _quantization(
+    args: argparse.Namespace,
+) -> tuple[KimiK3Format, dict[str, Any] | None, str]:
+    """The format to size, the quantization_config to build it from (None:
+    its published one) and its name for the tables: ``--config``'s own
+    ``quantization_config`` where it declares one (any config vLLM takes:
+    INT4 or INT8 in any group, symmetric or not, AutoAWQ, AutoGPTQ), as vLLM
+    will pick the experts' method, else ``--quantization`` (mxfp4 by
+    default)."""
+    declared = None
+    if args.config is not None:
+        declared = declared_quantization_config(read_config_document(args.config))
+    if declared is None:
+        fmt = format_named(args.quantization or "mxfp4")
+        return fmt, None, fmt.title
+    recognised = recognise(declared, None, str(args.config))
+    if args.quantization not in (None, recognised.format.name):
+        raise DeploymentError(
+            f"--quantization {args.quantization}, but {args.config} declares "
+            f"{recognised.name} ({recognised.format.name}); drop --quantization"
+        )
+    return recognised.format, declared, recognised.name
 
 
 def _buildable(
@@ -364,11 +404,12 @@ def run(args: argparse.Namespace) -> int:
                 asked.serving,
                 asked.budget,
                 args.model,
+                asked.quantization_config,
             )
             with planner:
                 if args.gpus is not None:
                     plans, refused = planner.advise(
-                        args.gpus, args.quantization, asked.backend
+                        args.gpus, asked.quantization, asked.backend
                     )
                 else:
                     plans, refused = [planner.plan(d) for d in asked.deployments], []
@@ -377,16 +418,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(as_json(plans))
     elif args.wide:
-        print(wide_table(plans))
+        print(wide_table(plans, asked.quantization_title))
     elif args.gpus is not None:
-        fmt = format_named(args.quantization)
         title = (
-            f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: {fmt.title} on "
-            f"{asked.backend}, {len(plans)} layouts vLLM builds, "
+            f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: "
+            f"{asked.quantization_title} on {asked.backend}, {len(plans)} layouts "
+            "vLLM builds, "
             "GB = 10^9 bytes"
         )
         public = public_layouts(args.gpu, args.gpus)
         print(advice(plans, refused, title, public))
     else:
-        print(table(plans))
+        print(table(plans, format_title=asked.quantization_title))
     return 0

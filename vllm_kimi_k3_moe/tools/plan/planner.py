@@ -104,8 +104,12 @@ class Planner:
         serving: Serving | None = None,
         budget: GpuBudget | None = None,
         model: str = DEFAULT_MODEL,
+        quantization_config: dict[str, Any] | None = None,
     ) -> None:
         self.text_config = text_config
+        # a checkpoint's own quantization_config (any config vLLM accepts of
+        # the deployments' format); None: the format's published one
+        self.quantization_config = quantization_config
         self.serving = serving or Serving()
         validate_serving(self.serving)
         self.budget = budget
@@ -135,8 +139,9 @@ class Planner:
                 Path(self._directory.name) / f"{fmt.name}-{len(self._model_dirs)}"
             )
             directory.mkdir()
+            config = self.quantization_config or fmt.published_quantization_config()
             self._model_dirs[key] = write_model_dir(
-                text_config, fmt.published_quantization_config(), serving, directory
+                text_config, config, serving, directory
             )
         return self._model_dirs[key]
 
@@ -232,7 +237,8 @@ class Planner:
             ),
             upstream=built.upstream_moe,
             fixed=built.fixed_moe,
-            upstream_refusal=built.upstream_refusal,
+            upstream_refusal=built.upstream_refusal
+            or built.fixed_moe.vllm_alone_refused,
         )
         plan = DeploymentPlan(
             moe=moe,
@@ -249,10 +255,14 @@ class Planner:
         )
         if self.budget is None:
             return plan
+        # vLLM alone's KV cache, where it starts: it builds and can run it
+        runs = alone is not None and moe.upstream_refusal is None
         return replace(
             plan,
             budget=self.budget,
-            upstream_kv=alone and self._capacity(kv, stages, ranges, "upstream"),
+            upstream_kv=self._capacity(kv, stages, ranges, "upstream")
+            if runs
+            else None,
             fixed_kv=self._capacity(kv, stages, ranges, "fixed"),
         )
 
@@ -308,7 +318,11 @@ def plan_deployment(
     deployment: Deployment,
     serving: Serving | None = None,
     budget: GpuBudget | None = None,
+    quantization_config: dict[str, Any] | None = None,
 ) -> DeploymentPlan:
-    """Size one deployment (a ``Planner`` of its own)."""
-    with Planner(text_config, serving, budget) as planner:
+    """Size one deployment (a ``Planner`` of its own; ``quantization_config``:
+    a checkpoint's own, else the format's published one)."""
+    with Planner(
+        text_config, serving, budget, quantization_config=quantization_config
+    ) as planner:
         return planner.plan(deployment)

@@ -60,9 +60,9 @@ def _render(
     return ["  ".join(spans).rstrip(), line(names), *(line(r) for r in rows)]
 
 
-def wide_table(plans: Sequence[DeploymentPlan]) -> str:
+def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
     """``--wide``: one row per deployment with every column; per-GPU
-    figures, GB = 10^9 bytes."""
+    figures, GB = 10^9 bytes (``format_title``: the format's, by default)."""
     first = plans[0]
     layers = first.moe.moe_layers
     budget, serving = first.budget, first.serving
@@ -131,7 +131,7 @@ def wide_table(plans: Sequence[DeploymentPlan]) -> str:
         ]
     return "\n".join(
         [
-            f"Kimi-K3 per GPU: {d.format.title} on {d.backend}, "
+            f"Kimi-K3 per GPU: {format_title or d.format.title} on {d.backend}, "
             f"{layers} MoE layers, GB = 10^9 bytes",
             "",
             *_render(groups, rows),
@@ -150,7 +150,8 @@ def _note(plan: DeploymentPlan) -> str:
     if reason is not None:
         return reason
     if plan.moe.upstream_refusal is not None:
-        return f"{VLLM} alone cannot build it"
+        cannot = "run" if plan.moe.upstream is not None else "build"
+        return f"{VLLM} alone cannot {cannot} it"
     if plan.plugin_makes_it_fit:
         return "fits with the plugin only"
     return ""
@@ -160,6 +161,7 @@ def table(
     plans: Sequence[DeploymentPlan],
     title: str | None = None,
     marked: Collection[Topology] = (),
+    format_title: str = "",
 ) -> str:
     """The default table: one row per deployment, what a person deciding
     needs (120 columns): the layout (`` *`` after those ``marked``), the
@@ -196,7 +198,8 @@ def table(
     lines = [
         title
         or (
-            f"Kimi-K3 per GPU: {d.format.title} on {d.backend}, GB = 10^9 bytes"
+            f"Kimi-K3 per GPU: {format_title or d.format.title} on {d.backend}, "
+            "GB = 10^9 bytes"
             + (f", {budget.gpu_memory_gib:g} GiB GPUs" if budget else "")
         ),
         "",
@@ -208,9 +211,10 @@ def table(
     ]
     if any(p.moe.upstream_refusal for p in plans):
         lines.append(
-            f"{CANNOT_BUILD}: {VLLM} alone cannot build the layout (its error: "
-            "--json, upstream_refusal)."
+            f"{CANNOT_BUILD}: {VLLM} alone cannot build the layout; where it builds "
+            "one its kernel cannot run,"
         )
+        lines.append("it does not fit (why: --json, upstream_refusal).")
     if budget is not None:
         kv = first.kv_cache
         lines += [

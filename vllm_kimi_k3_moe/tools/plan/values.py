@@ -28,7 +28,9 @@ class MoeMemoryPlan:
     logical_intermediate_per_rank: int
     upstream: LayerAllocation | None  # None: vLLM alone cannot build it
     fixed: LayerAllocation
-    upstream_refusal: str | None = None  # vLLM alone's error, one line
+    # why vLLM alone cannot build it (its error, one line), or cannot run it
+    # (its kernel refuses the partition it builds)
+    upstream_refusal: str | None = None
 
     @property
     def floor_routed_bytes(self) -> int:
@@ -124,7 +126,7 @@ class DeploymentPlan:
     @property
     def upstream(self) -> ModelAllocation | None:
         """vLLM alone's heaviest stage; None where it cannot build it."""
-        if self.moe.upstream_refusal is not None:
+        if any(stage.upstream is None for stage in self.stages):
             return None
         return _heaviest(self.stages, "upstream")
 
@@ -142,6 +144,8 @@ class DeploymentPlan:
         without a GPU size."""
         if self.budget is None:
             return None
+        if side == "upstream" and self.moe.upstream_refusal is not None:
+            return False
         capacity = self.kv(side)
         return capacity is not None and capacity.tokens > 0
 
@@ -153,7 +157,8 @@ class DeploymentPlan:
         """Why it does not fit, in a few words; None when it fits or without
         a GPU size."""
         if side == "upstream" and self.moe.upstream_refusal is not None:
-            return f"{VLLM} alone cannot build it: {self.moe.upstream_refusal}"
+            cannot = "run" if self.moe.upstream is not None else "build"
+            return f"{VLLM} alone cannot {cannot} it: {self.moe.upstream_refusal}"
         capacity = self.kv(side)
         if capacity is None or capacity.tokens > 0 or self.budget is None:
             return None

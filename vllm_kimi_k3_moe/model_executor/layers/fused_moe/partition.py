@@ -28,6 +28,7 @@ Every trial but vLLM alone's own is built with vLLM's logging held back
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator
@@ -84,6 +85,8 @@ class PartitionChoice:
     allocated: int  # what this plugin allocates
     reason: str
     whole_groups: bool = False
+    # why vLLM alone's partition, which it builds, its kernel cannot run
+    upstream_refused: str | None = None
 
     def log_line(self) -> str:
         alone = "cannot build" if self.upstream is None else str(self.upstream)
@@ -219,11 +222,13 @@ class LayoutChooser:
             )
         rule = fmt.partition_rule
         method = reference.method
-        upstream = limit = None
+        upstream = limit = refused = None
         if alone.built:
             upstream = self.round_up(method, self.alone_layout.allocated)
             if rule.accepts is None or rule.accepts(method, self.hidden, upstream):
                 limit = upstream  # never more than vLLM alone, where it runs
+            else:
+                refused = f"its kernel cannot run {upstream} rows ({rule.name})"
         group = rule.row_group(method)
         whole_groups = self.logical % group != 0
         if whole_groups:
@@ -243,7 +248,7 @@ class LayoutChooser:
                 continue
             if not alone.built:  # its kernel's messages are the layer's own
                 trial = self.trial(layout, quiet=False)
-            return self._chosen(trial, upstream, rule, whole_groups, group)
+            return self._chosen(trial, upstream, rule, whole_groups, group, refused)
         return self._keep(alone, f"nothing smaller is accepted ({rule.name})")
 
     def _keep(self, alone: Trial, reason: str) -> Chosen:
@@ -261,15 +266,17 @@ class LayoutChooser:
         rule: Any,
         whole_groups: bool,
         group: int,
+        refused: str | None,
     ) -> Chosen:
         reason = f"smallest partition accepted ({rule.name})"
-        if upstream is not None and upstream < trial.layout.allocated:
-            reason += f"; its kernel refuses vLLM alone's {upstream}"
+        if refused is not None:
+            reason += f"; vLLM alone's: {refused}"
         if whole_groups:
             reason += f"; whole {group}-row groups per GPU, {self._rows(trial)}"
         choice = self._choice(
             trial.method, upstream, trial.layout.allocated, reason, whole_groups
         )
+        choice = dataclasses.replace(choice, upstream_refused=refused)
         return Chosen(trial.method, trial.layout, choice, rule.zero_pad_scales)
 
     def _rows(self, trial: Trial) -> str:

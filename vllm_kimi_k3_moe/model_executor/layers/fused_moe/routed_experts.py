@@ -135,6 +135,7 @@ def _install(method: Any, build: KimiMoEBuild, chosen: Chosen) -> None:
         own_create_weights(layer, *args, **kwargs)
         if current_kimi_moe_build() is not build:
             return
+        layer.kimi_k3_partition = choice  # what the tools report of it
         if choice.allocated != choice.logical or chosen.layout.whole_groups:
             zero_expert_tensors(layer)
         if chosen.layout.whole_groups and chosen.zero_pad_scales:
