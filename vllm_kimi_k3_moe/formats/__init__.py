@@ -105,6 +105,8 @@ def _scheme(
     if not isinstance(quantization_config, dict):
         raise _refuse(where, "quantization_config is not an object")
     method = quantization_config.get("quant_method")
+    if method is None:  # vLLM reads no method from it either
+        raise _refuse(where, "quantization_config has no quant_method")
     fmt = quantization_config.get("format")
     if method == "compressed-tensors":
         weights = expert_weights(quantization_config)

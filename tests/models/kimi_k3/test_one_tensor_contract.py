@@ -32,6 +32,8 @@ BACKENDS = {
     "nvfp4": "flashinfer_cutedsl",
     "modelopt-nvfp4": "flashinfer_cutedsl",
     "w4a16": "marlin",
+    "awq": "marlin",
+    "gptq": "marlin",
     "bf16": "triton",
 }
 PROJECTIONS = ("w1", "w3", "w2")

@@ -12,6 +12,7 @@ import pytest
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import MXFP4_FORMATS
+from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
 from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
@@ -192,7 +193,7 @@ def test_config_file_with_nested_text_config(kimi_model, tmp_path, capsys):
         json.dumps(
             {
                 "architectures": ["KimiK3ForConditionalGeneration"],
-                "quantization_config": {"format": "mxfp4-pack-quantized"},
+                "quantization_config": mxfp4.RELEASE.published_quantization_config(),
                 "vision_config": {"hidden_size": 1152},
                 "text_config": KIMI_K3_TEXT_CONFIG,
             }
