@@ -28,7 +28,6 @@ Every trial but vLLM alone's own is built with vLLM's logging held back
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator
@@ -274,9 +273,13 @@ class LayoutChooser:
         if whole_groups:
             reason += f"; whole {group}-row groups per GPU, {self._rows(trial)}"
         choice = self._choice(
-            trial.method, upstream, trial.layout.allocated, reason, whole_groups
+            trial.method,
+            upstream,
+            trial.layout.allocated,
+            reason,
+            whole_groups=whole_groups,
+            upstream_refused=refused,
         )
-        choice = dataclasses.replace(choice, upstream_refused=refused)
         return Chosen(trial.method, trial.layout, choice, rule.zero_pad_scales)
 
     def _rows(self, trial: Trial) -> str:
@@ -291,7 +294,9 @@ class LayoutChooser:
         upstream: int | None,
         allocated: int,
         reason: str,
+        *,
         whole_groups: bool = False,
+        upstream_refused: str | None = None,
     ) -> PartitionChoice:
         return PartitionChoice(
             method=type(method).__name__,
@@ -301,4 +306,5 @@ class LayoutChooser:
             allocated=allocated,
             reason=reason,
             whole_groups=whole_groups,
+            upstream_refused=upstream_refused,
         )
