@@ -23,10 +23,12 @@ TP32 with expert parallelism), the dump holds:
   digest of every parameter's bytes, pads included. Memory ``torch.empty``
   hands out reads as 0xA5 bytes, so a pad nobody zeroed shows.
 
-Loading every rank of every backend separately would take minutes. Backends
+Loading every rank of every backend separately would take minutes. Cases
 whose small rank-0 layer is the same in everything the loader reads (method
 class, each parameter's name, shape, dtype and loader attributes, the MoE
-config's partition and block-aligned flag) share one loaded representative;
+config's sizes and block-aligned flag), over the same number of GPUs per
+expert, share one loaded representative: the loader reads a rank's place
+in the flattened TP x DP group only (TP8 x DP4 rank r is TP32's rank r);
 the dump says which.
 
 ``python -m upstream.partition_matrix OUT.json`` writes the dump
@@ -216,6 +218,7 @@ def loader_signature(experts: nn.Module) -> str:
     config = experts.moe_config
     items: list[Any] = [
         type(experts.quant_method).__qualname__,
+        config.intermediate_size,
         config.intermediate_size_per_partition,
         config.intermediate_size_per_partition_unpadded,
         config.tp_shard_with_padding,
@@ -312,10 +315,11 @@ def dump(
                         signature = loader_signature(rank0)
                     except Exception as error:
                         signature = _error(error)
-                    group = (fmt, topology.label(), signature)
+                    flat = (topology.moe_group, topology.expert_parallel)
+                    group = (fmt, flat, signature)
                     if group not in loaded:
                         loaded[group] = (
-                            backend,
+                            f"{backend} at {topology.label()}",
                             load_ranks(model, fmt, backend, topology),
                         )
                     case["loaded_as"], case["ranks"] = loaded[group]

@@ -74,7 +74,7 @@ __all__ = [
 # plugin patched the model.
 plugin_package = "vllm_kimi_k3_moe"
 
-# The matrix's formats: every published one, and configs beside them that
+# The matrix's formats: every published one, and a config beside them that
 # the in-tree form pads as the plugin does (quantization_space): INT4 in
-# asymmetric groups of 128, INT8 in groups of 128.
-MATRIX_FORMATS = (*PUBLISHED_FORMATS, "ct-int4-g128-asym", "ct-int8-g128-sym")
+# asymmetric groups of 128 (zero points packed along the rows).
+MATRIX_FORMATS = (*PUBLISHED_FORMATS, "ct-int4-g128-asym")

@@ -46,36 +46,36 @@ TOKENS = 128  # a recorded error is the one over every token
 # rows per rank at TP16 (192 loaded) and TP32 (96 loaded); a pad is what it
 # allocated.
 VLLM_ALONE = [
-    # fmt, TP, memory read as zero bytes, as 0xFF bytes (config: published)
+    # fmt, config (None: published), TP, memory read as zero bytes, as 0xFF
     # Mxfp4MoEMethod allocates with torch.zeros: the pads stay zero.
-    ("mxfp4", 16, EXACT, EXACT),
-    ("mxfp4", 32, EXACT, EXACT),
+    ("mxfp4", None, 16, EXACT, EXACT),
+    ("mxfp4", None, 32, EXACT, EXACT),
     # torch.empty weights and scales: memory decides.
-    ("ct-mxfp4", 16, EXACT, NAN),
-    ("ct-mxfp4", 32, EXACT, NAN),
+    ("ct-mxfp4", None, 16, EXACT, NAN),
+    ("ct-mxfp4", None, 32, EXACT, NAN),
     # Block scales: 3072 / 128 = 24 rows of them, split 24 // TP per rank.
     # TP16: rank r loads scale row r, but its 192 rows straddle checkpoint
     # blocks 1.5r .. 1.5r + 1.5; the rest keep their initial 1.0. TP32: 0 rows
     # per rank, no block scale is ever loaded, all are 1.0.
-    ("fp8-block", 16, 0.9611, NAN),
-    ("fp8-block", 32, 0.9625, NAN),
-    ("nvfp4", 16, EXACT, NAN),
-    ("nvfp4", 32, EXACT, NAN),
-    ("modelopt-nvfp4", 16, EXACT, NAN),
-    ("modelopt-nvfp4", 32, EXACT, NAN),
+    ("fp8-block", None, 16, 0.9611, NAN),
+    ("fp8-block", None, 32, 0.9625, NAN),
+    ("nvfp4", None, 16, EXACT, NAN),
+    ("nvfp4", None, 32, EXACT, NAN),
+    ("modelopt-nvfp4", None, 16, EXACT, NAN),
+    ("modelopt-nvfp4", None, 32, EXACT, NAN),
     # Group scales start at torch.ones: a pad nibble 0 reads as int4 -8
     # (offset 8) times 1.0, not 0, in both w13 and w2; 0xFF reads as +7.
-    ("w4a16", 16, 11.28, 5.74),
-    ("w4a16", 32, 56.38, 28.7),
-    ("bf16", 16, EXACT, NAN),
-    ("bf16", 32, EXACT, NAN),
+    ("w4a16", None, 16, 11.28, 5.74),
+    ("w4a16", None, 32, 56.38, 28.7),
+    ("bf16", None, 16, EXACT, NAN),
+    ("bf16", None, 32, EXACT, NAN),
 ]
 # INT4 in groups of 128: vLLM alone loads 192 or 96 rows per rank with the
 # group scales of 3072 / 128 = 24 groups split 24 // TP per rank (TP16: one,
 # for 1.5 groups of rows; TP32: none), into 256 rows whose pad is int4 -8.
-INT4_G128_ALONE = [
-    (16, 11.63, 5.976),
-    (32, 58.23, 29.77),
+VLLM_ALONE += [
+    ("w4a16", INT4_GROUPS_OF_128, 16, 11.63, 5.976),
+    ("w4a16", INT4_GROUPS_OF_128, 32, 58.23, 29.77),
 ]
 # Where vLLM alone does not build the layout at all: every expert split
 # over 32 GPUs through data parallelism (96 rows each, no model-level
@@ -102,14 +102,17 @@ def assert_recorded(errors: dict[int, float], recorded: float, what: str) -> Non
 
 
 @pytest.mark.parametrize(
-    ("fmt", "tp_size", "zero_memory", "nan_memory"),
+    ("fmt", "config", "tp_size", "zero_memory", "nan_memory"),
     VLLM_ALONE,
-    ids=[f"{fmt}-TP{tp_size}" for fmt, tp_size, *_ in VLLM_ALONE],
+    ids=[
+        f"{fmt}{'-g128' if config else ''}-TP{tp_size}"
+        for fmt, config, tp_size, *_ in VLLM_ALONE
+    ],
 )
 def test_vllm_alone_against_the_unsharded_experts(
-    fmt, tp_size, zero_memory, nan_memory, layer, kimi_model
+    fmt, config, tp_size, zero_memory, nan_memory, layer, kimi_model
 ):
-    case = small_case(fmt, Topology(tp_size))
+    case = small_case(fmt, Topology(tp_size), config)
     for byte, recorded in ((ZERO_BYTE, zero_memory), (NAN_BYTE, nan_memory)):
         with vllm_alone(kimi_model):
             output = deployment_outputs(
@@ -119,29 +122,7 @@ def test_vllm_alone_against_the_unsharded_experts(
                 layer(case),
                 building=lambda byte=byte: uninitialised_memory_reads(byte),
             )
-        what = f"vLLM alone, {fmt} TP{tp_size}, memory 0x{byte:02X}"
-        assert_recorded(errors_of(output, layer(case)), recorded, what)
-
-
-@pytest.mark.parametrize(
-    ("tp_size", "zero_memory", "nan_memory"),
-    INT4_G128_ALONE,
-    ids=[f"TP{tp_size}" for tp_size, *_ in INT4_G128_ALONE],
-)
-def test_vllm_alone_with_int4_groups_of_128(
-    tp_size, zero_memory, nan_memory, layer, kimi_model
-):
-    case = small_case("w4a16", Topology(tp_size), INT4_GROUPS_OF_128)
-    for byte, recorded in ((ZERO_BYTE, zero_memory), (NAN_BYTE, nan_memory)):
-        with vllm_alone(kimi_model):
-            output = deployment_outputs(
-                CPU,
-                case,
-                kimi_model,
-                layer(case),
-                building=lambda byte=byte: uninitialised_memory_reads(byte),
-            )
-        what = f"vLLM alone, INT4 g128 TP{tp_size}, memory 0x{byte:02X}"
+        what = f"vLLM alone, {fmt}{' g128' if config else ''} TP{tp_size}, 0x{byte:02X}"
         assert_recorded(errors_of(output, layer(case)), recorded, what)
 
 

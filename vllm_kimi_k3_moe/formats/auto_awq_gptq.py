@@ -76,12 +76,9 @@ def _recognises_awq(scheme: QuantizationScheme) -> CheckpointFormat | None:
     bits, group = _parameters(scheme)
     if scheme.quant_method != "awq" or bits != 4 or not isinstance(group, int):
         return None
-    return CheckpointFormat(
-        AWQ,
-        f"AutoAWQ INT4, groups of {group}",
-        tensors("AWQ INT4", 4, group, packed_input=False),
-        int_groups.row_group_of(bits, group),
-        int_groups.GROUP_UNIT,
+    awq_tensors = tensors("AWQ INT4", 4, group, packed_input=False)
+    return int_groups.checkpoint_format(
+        AWQ, f"AutoAWQ INT4, groups of {group}", awq_tensors, bits, group
     )
 
 
@@ -94,13 +91,9 @@ def _recognises_gptq(scheme: QuantizationScheme) -> CheckpointFormat | None:
     ):
         return None
     symmetric = "symmetric" if (scheme.config or {}).get("sym", True) else "asymmetric"
-    return CheckpointFormat(
-        GPTQ,
-        f"AutoGPTQ INT{bits}, groups of {group}, {symmetric}",
-        tensors(f"GPTQ INT{bits}", bits, group, packed_input=True),
-        int_groups.row_group_of(bits, group),
-        int_groups.GROUP_UNIT,
-    )
+    gptq_tensors = tensors(f"GPTQ INT{bits}", bits, group, packed_input=True)
+    name = f"AutoGPTQ INT{bits}, groups of {group}, {symmetric}"
+    return int_groups.checkpoint_format(GPTQ, name, gptq_tensors, bits, group)
 
 
 def _awq_tensors(method: Any) -> ExpertTensors:

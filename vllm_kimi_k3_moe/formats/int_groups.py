@@ -19,7 +19,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vllm_kimi_k3_moe.formats.record import PartitionRule, config_with_partition
+from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
+from vllm_kimi_k3_moe.formats.record import (
+    CheckpointFormat,
+    KimiK3Format,
+    PartitionRule,
+    config_with_partition,
+)
 
 MARLIN_BACKENDS = ("MARLIN", "BATCHED_MARLIN")
 
@@ -68,6 +74,19 @@ def _accepts(method: Any, hidden: int, n: int) -> bool:
     return check_moe_marlin_supports_config(config, group, allow_tile_padding=True)
 
 
+GROUP_UNIT = "INT scale groups"
+
+
+def checkpoint_format(
+    record: KimiK3Format, name: str, tensors: ExpertTensors, bits: int, group: int
+) -> CheckpointFormat:
+    """A checkpoint of integer ``bits`` in groups of ``group``: a GPU holds
+    whole groups (``row_group_of``)."""
+    return CheckpointFormat(
+        record, name, tensors, row_group_of(bits, group), GROUP_UNIT
+    )
+
+
 RULE = PartitionRule(
     "group_size divisibility and check_moe_marlin_supports_config",
     accepts=_accepts,
@@ -75,4 +94,3 @@ RULE = PartitionRule(
     zero_pad_scales=True,
     kernel_may_allocate_more=False,  # Marlin pads at weight preparation
 )
-GROUP_UNIT = "INT scale groups"

@@ -74,12 +74,9 @@ def _recognises(scheme: QuantizationScheme) -> CheckpointFormat | None:
         return None
     symmetric = weights.get("symmetric", True) is not False
     scheme_name = "symmetric" if symmetric else "asymmetric"
-    return CheckpointFormat(
-        W4A16,
-        f"compressed-tensors INT{bits} W{bits}A16, groups of {group}, {scheme_name}",
-        tensors(bits, group, symmetric),
-        int_groups.row_group_of(bits, group),
-        int_groups.GROUP_UNIT,
+    name = f"compressed-tensors INT{bits} W{bits}A16, groups of {group}"
+    return int_groups.checkpoint_format(
+        W4A16, f"{name}, {scheme_name}", tensors(bits, group, symmetric), bits, group
     )
 
 
