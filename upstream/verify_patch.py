@@ -21,7 +21,9 @@ the installed vLLM 0.33.0 without writing into it.
    bytes on every rank.
 
 The installed vLLM files the patch touches are hashed before and after: they
-must not change. Steps 3 and 4 run as separate processes, ``--jobs`` at a time.
+must not change, nor does vLLM's cache of the installed model classes (the
+patched copy's processes cache under ``PATCHED_CACHE_ROOT``). Steps 3 and 4
+run as separate processes, ``--jobs`` at a time.
 Exit status: 0 verified, 1 a step failed, 2 the patch does not apply.
 """
 
@@ -55,6 +57,12 @@ MATRIX_OUT = "KIMI_K3_MATRIX_OUT"  # where the behaviour tests write their dump
 MADE_FOR = "0.33.0"  # the vLLM the patch was made against
 PLUGIN = "kimi_k3_moe"  # the plugin's vllm.general_plugins entry point
 STEP_TIMEOUT = 900  # seconds
+# vLLM caches what it learns of a model class under VLLM_CACHE_ROOT, keyed by
+# a hash of the class's package: the patched copy's Kimi-K3 package hashes
+# apart from the installed one, so sharing the user's cache would overwrite
+# its entry, and each side would then inspect the class again in a fresh
+# process (about 15 s) at its next start. The patched copy keeps its own.
+PATCHED_CACHE_ROOT = Path.home() / ".cache" / "vllm-kimi-k3-moe" / "in-tree-patch"
 
 # B905 (zip without strict=) is not vLLM's: its own routed_experts.py, which
 # the patch touches, zips without it and passes vLLM's lint.
@@ -94,23 +102,33 @@ class Step:
             )
             self.ok = result.returncode == 0
             self.output = result.stdout + result.stderr
+            # the step's own last word is on stdout; vLLM logs to stderr
+            said = result_lines(result.stdout) or result_lines(result.stderr)
         except subprocess.TimeoutExpired as error:
             self.output = f"timed out after {error.timeout} s"
+            said = [self.output]
         self.seconds = time.monotonic() - start
         self.log.write_text(self.output)
-        lines = [line for line in result_lines(self.output) if line.strip()]
-        self.summary = lines[-1].strip("= ") if lines else ""
+        self.summary = said[-1].strip("= ") if said else ""
         return self
 
 
 def result_lines(output: str) -> list[str]:
     """The output without the warnings torch and vLLM print on a CPU box."""
     noise = ("W1", "WARNING", "INFO", "Failed to import")
-    return [line for line in output.splitlines() if not line.startswith(noise)]
+    return [
+        line
+        for line in output.splitlines()
+        if line.strip() and not line.startswith(noise)
+    ]
 
 
-def environment(pythonpath: list[Path], plugins: str) -> dict[str, str]:
+def environment(
+    pythonpath: list[Path], plugins: str, cache_root: Path | None = None
+) -> dict[str, str]:
     env = dict(os.environ)
+    if cache_root is not None:
+        env["VLLM_CACHE_ROOT"] = str(cache_root)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(p) for p in pythonpath] + [p for p in [env.get("PYTHONPATH")] if p]
     )
@@ -154,9 +172,9 @@ def lint_steps(copy: PatchedCopy, work: Path) -> list[Step]:
 
 
 def test_steps(copy: PatchedCopy, work: Path) -> list[Step]:
-    patched = environment([copy.root, REPO], "")
+    patched = environment([copy.root, REPO], "", PATCHED_CACHE_ROOT)
     # vLLM's own tests see the copy only (this repository has a tests package)
-    patched_alone = environment([copy.root], "")
+    patched_alone = environment([copy.root], "", PATCHED_CACHE_ROOT)
     released = environment([REPO], PLUGIN)
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     patch_tests = sorted(
