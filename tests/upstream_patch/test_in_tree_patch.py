@@ -139,6 +139,20 @@ def test_compare_names_each_case_that_differs():
     ]
 
 
+def cached_kimi_k3_hash() -> tuple[str | None, str]:
+    """The package hash vLLM's model-info cache holds for Kimi-K3 (None: no
+    entry), and the installed package's, both as vLLM's registry has them."""
+    import importlib.util
+
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    registered = ModelRegistry.models["KimiK3ForConditionalGeneration"]
+    installed = importlib.util.find_spec(registered.module_name).origin
+    entry = registered._get_cache_dir() / registered._get_cache_filename()
+    cached = json.loads(entry.read_text())["hash"] if entry.exists() else None
+    return cached, registered._get_modelinfo_module_hash(Path(installed))
+
+
 def test_the_patch_is_verified_with_the_plugin_off():
     """The whole command: lint, the patch's tests and the behaviour tests on
     the patched copy with VLLM_PLUGINS="", and the matrix compared with the
@@ -162,3 +176,7 @@ def test_the_patch_is_verified_with_the_plugin_off():
     assert matrix["intended"] == sorted(INTENDED)
     assert min(matrix["rank_loads"].values()) > 1000
     assert not Path(report["work"]).exists()  # the copy is gone
+    # vLLM's cache still describes the installed Kimi-K3 package: the patched
+    # copy's, which hashes apart, was cached elsewhere (PATCHED_CACHE_ROOT)
+    cached, installed = cached_kimi_k3_hash()
+    assert cached in (None, installed)
