@@ -21,8 +21,8 @@ the installed vLLM 0.33.0 without writing into it.
    bytes on every rank.
 
 The installed vLLM files the patch touches are hashed before and after: they
-must not change, nor does vLLM's cache of the installed model classes (the
-patched copy's processes cache under ``PATCHED_CACHE_ROOT``). Steps 3 and 4
+must not change. Nor may vLLM's cache of the installed model classes: the
+patched copy's processes cache under ``PATCHED_CACHE_ROOT``. Steps 3 and 4
 run as separate processes, ``--jobs`` at a time.
 Exit status: 0 verified, 1 a step failed, 2 the patch does not apply.
 """
