@@ -233,24 +233,6 @@ def loader_signature(experts: nn.Module) -> str:
     return _digest(items)
 
 
-def kernel(method: Any) -> str:
-    """The MoE kernel ``method`` selected, by its backend enum's name."""
-    if getattr(method, "use_cutlass_mxfp4", False):
-        return "cutlass_mxfp4_mxfp4"
-    for attribute in (
-        "mxfp4_backend",
-        "fp8_backend",
-        "nvfp4_backend",
-        "wna16_backend",
-        "wna16_moe_backend",
-        "unquantized_backend",
-    ):
-        backend = getattr(method, attribute, None)
-        if backend is not None:
-            return str(getattr(backend, "name", backend)).lower()
-    return "unknown"
-
-
 def _error(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
@@ -266,7 +248,7 @@ def describe_case(
     return {
         "partition": experts.intermediate_size_per_partition,
         "method": type(experts.quant_method).__name__,
-        "kernel": kernel(experts.quant_method),
+        "kernel": helpers.backend_name(experts.quant_method),
         "block_aligned_loading": experts.moe_config.tp_shard_with_padding,
         "parameters": shapes_digest(experts),
     }

@@ -3,9 +3,10 @@ place that imports it (those modules may move; only this file follows them).
 
 None of these patch vLLM. They pose a CPU process as one rank of a GPU
 deployment (``simulated_rank``), let vLLM pick each MoE kernel as on its GPU
-(``moe_kernels_on_their_gpu``), and describe Kimi-K3's published checkpoint
-formats: each format's vLLM quantization config and its routed-expert
-checkpoint tensors, with seeded non-zero data. The regression suite's
+(``moe_kernels_on_their_gpu``), name the kernel a method selected
+(``backend_name``, as the plugin's log names it), and describe Kimi-K3's
+published checkpoint formats: each format's vLLM quantization config and its
+routed-expert checkpoint tensors, with seeded non-zero data. The regression suite's
 tables of expected behaviour (partitions per format and topology, FP8 block
 and NVFP4 row placement) and its traced-checkpoint helpers come from here
 too, so the in-tree form is held to the same numbers as the plugin.
@@ -41,6 +42,7 @@ from tests.models.kimi_k3.traced_checkpoint import (
     digit_planes,
     load_and_decode,
 )
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import backend_name
 from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
 from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
 from vllm_kimi_k3_moe.tools.topology import Topology
@@ -57,6 +59,7 @@ __all__ = [
     "KimiK3Spec",
     "Rank",
     "Topology",
+    "backend_name",
     "checkpoint_indices",
     "digit_planes",
     "expected_placement",
