@@ -31,6 +31,13 @@ ledger entry; each applies and reverts on its own):
     the tensor being loaded, so loading errors name it as the checkpoint
     does. Delete with the strict expert loader.
 
+``vllm_kimi_k3_moe.model_executor.layers.fused_moe.oracle.int_wna16``
+    ``oracle.int_wna16._process_weights_marlin`` and
+    ``_process_awq_weights_marlin``: for Kimi-K3 routed experts, Marlin's
+    integer weight preparation permutes w13's scales for the expert width
+    (the K the kernel divides by the scale rows). Delete with the model
+    patch.
+
 The offline tools (``vllm_kimi_k3_moe.tools``) are never imported by a
 serving process; their temporary stand-ins for vLLM internals have their own
 ledger in ``vllm_kimi_k3_moe.tools.build``.
@@ -76,6 +83,7 @@ KIMI_K3_PACKAGE = "vllm.models.kimi_k3"
 KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
 ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
 DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
+INT_WNA16_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
 # (vLLM module patched, plugin module with its apply / revert), in order.
 PATCHES: tuple[tuple[str, str], ...] = (
     (KIMI_K3_NVIDIA_MODEL, "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model"),
@@ -85,6 +93,10 @@ PATCHES: tuple[tuple[str, str], ...] = (
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading",
     ),
     (DEFAULT_LOADER, "vllm_kimi_k3_moe.model_executor.model_loader.default_loader"),
+    (
+        INT_WNA16_ORACLE,
+        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.oracle.int_wna16",
+    ),
 )
 
 _registered = False

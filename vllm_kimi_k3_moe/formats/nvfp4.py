@@ -3,11 +3,11 @@
 Published as compressed-tensors ``nvfp4-pack-quantized``
 (``CompressedTensorsW4A4Nvfp4MoEMethod``) and by NVIDIA ModelOpt
 (``ModelOptNvFp4FusedMoE``; ``quant_algo`` NVFP4 in ``config.json`` or
-``hf_quant_config.json``). Both allocate at the logical size; the kernels
-that need a pad add it at weight preparation (``align_fp4_moe_weights_for_fi``,
-Marlin, Humming), except the CUTLASS family, whose weight preparation
-refuses a gated pad: their rule keeps the gate/up scale rows whole 128-row
-tiles.
+``hf_quant_config.json``). Both allocate at the logical size. FlashInfer's
+TRT-LLM and CuteDSL kernels, b12x, Marlin and Humming pad it again at weight
+preparation (``kernel_padding``), so the plugin allocates what they keep; the
+CUTLASS family's weight preparation refuses a gated pad: their rule keeps the
+gate/up scale rows whole 128-row tiles.
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ from vllm_kimi_k3_moe.formats.compressed_tensors import (
     ROUTER,
     VISION,
     compressed_tensors_config,
+)
+from vllm_kimi_k3_moe.formats.kernel_padding import (
+    GATED_FP4_ROWS,
+    humming_keeps,
+    round_up,
 )
 from vllm_kimi_k3_moe.formats.layouts import (
     SCALE,
@@ -102,10 +107,21 @@ def _group(method: Any) -> int:
     return GROUP
 
 
+# The kernels whose weight preparation pads gate and up to GATED_FP4_ROWS.
+PADDING_GATED_ROWS = ("FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "B12X", "MARLIN")
+
+
+def _resident(method: Any, n: int) -> int:
+    if method.nvfp4_backend.name in PADDING_GATED_ROWS:
+        return round_up(n, GATED_FP4_ROWS)
+    return humming_keeps(method, n)
+
+
 RULE = PartitionRule(
     "swizzle_blockscale row tiles on CUTLASS-family kernels",
     accepts=_accepts,
     row_group=_group,
+    resident=_resident,
 )
 GROUP_UNIT = "NVFP4 scale groups"
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_kimi_k3_moe.formats.kernel_padding import humming_keeps
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
 
 RoundUp = Callable[[int], int]  # n -> the method's own rounding of n
@@ -44,6 +45,11 @@ class PartitionRule:
     # (MXFP4 Marlin: 128 rows where 64 would be whole blocks of 32): then a
     # GPU's rows depend on the kernel (``rank_rows``' ``partition``).
     kernel_may_allocate_more: bool = True
+    # ``resident(method, n)``: the rows the method's kernel keeps once its
+    # weight preparation ran on a partition of ``n`` (some pad again there,
+    # holding a second copy while they do). The plugin allocates only
+    # partitions kept as they are, so nothing is padded twice.
+    resident: Callable[[Any, int], int] = humming_keeps
 
     def partitions(
         self,
@@ -55,12 +61,14 @@ class PartitionRule:
         round_up: RoundUp,
     ) -> Iterator[int]:
         """Every n from ``start`` to ``limit``, in steps of ``step``, that the
-        method's own rounding leaves as it is and that ``accepts``, smallest
-        first."""
+        method's own rounding and its kernel's preparation leave as it is
+        and that ``accepts``, smallest first."""
         n = start
         while n <= limit:
-            if round_up(n) == n and (
-                self.accepts is None or self.accepts(method, hidden, n)
+            if (
+                round_up(n) == n
+                and self.resident(method, n) == n
+                and (self.accepts is None or self.accepts(method, hidden, n))
             ):
                 yield n
             n = (n // step + 1) * step

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.models.kimi_k3.kimi_k3_formats import UNCOVERED_FORMAT
+from vllm_kimi_k3_moe.formats import format_of_method
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
 from vllm_kimi_k3_moe.tools.topology import Topology
 
@@ -52,7 +53,8 @@ PARTITIONS = [
     # MXFP4 Marlin and DeepGEMM: multiples of 128 (MXFP4 sizing oracle)
     ("mxfp4", "marlin", [384, 256, 128, 128, 128, 3072]),
     ("mxfp4", "deep_gemm", [384, 256, 128, 128, 128, 3072]),
-    ("mxfp4", "humming", [384, 192, 128, 128, 128, 3072]),  # Humming: 64
+    # Humming: the oracle's 64, but its weight preparation keeps 128s
+    ("mxfp4", "humming", [384, 256, 128, 128, 128, 3072]),
     # the compressed-tensors MXFP4 method picks its kernel from the device
     # (CUTLASS here): 128-row scale tiles
     ("ct-mxfp4", "marlin", [384, 256, 128, 128, 128, 3072]),
@@ -60,18 +62,20 @@ PARTITIONS = [
     ("fp8-block", "triton", [384, 256, 128, 128, 128, 3072]),
     ("fp8-block", "marlin", [384, 256, 128, 128, 128, 3072]),
     ("fp8-block", "humming", [384, 256, 128, 128, 128, 3072]),
-    # NVFP4: the logical slice; FlashInfer, Marlin, Humming pad at weight prep
-    ("nvfp4", "flashinfer_cutedsl", [384, 192, 128, 96, 96, 3072]),
-    ("nvfp4", "marlin", [384, 192, 128, 96, 96, 3072]),
-    ("nvfp4", "humming", [384, 192, 128, 96, 96, 3072]),
+    # NVFP4: what the kernel keeps once its weight preparation padded the
+    # logical slice (FlashInfer, b12x, Marlin: 64s; Humming: 128s)
+    ("nvfp4", "flashinfer_cutedsl", [384, 192, 128, 128, 128, 3072]),
+    ("nvfp4", "flashinfer_trtllm", [384, 192, 128, 128, 128, 3072]),
+    ("nvfp4", "marlin", [384, 192, 128, 128, 128, 3072]),
+    ("nvfp4", "humming", [384, 256, 128, 128, 128, 3072]),
     ("nvfp4", "emulation", [384, 192, 128, 96, 96, 3072]),
     # ... but vLLM's CUTLASS weight prep refuses to pad w13: 2N % 128
     ("nvfp4", "cutlass", [384, 192, 128, 128, 128, 3072]),
-    ("modelopt-nvfp4", "flashinfer_cutedsl", [384, 192, 128, 96, 96, 3072]),
+    ("modelopt-nvfp4", "flashinfer_cutedsl", [384, 192, 128, 128, 128, 3072]),
     ("modelopt-nvfp4", "cutlass", [384, 192, 128, 128, 128, 3072]),
-    # INT4 W4A16: groups of 32; Marlin pads at weight prep
-    ("w4a16", "marlin", [384, 192, 128, 96, 96, 3072]),
-    ("w4a16", "humming", [384, 192, 128, 96, 96, 3072]),
+    # INT4 W4A16: groups of 32; what Marlin (64s) and Humming (128s) keep
+    ("w4a16", "marlin", [384, 192, 128, 128, 128, 3072]),
+    ("w4a16", "humming", [384, 256, 128, 128, 128, 3072]),
     # AutoAWQ, AutoGPTQ: groups of 128, whole ones per rank (192 -> 256)
     ("awq", "marlin", [384, 256, 128, 128, 128, 3072]),
     ("gptq", "marlin", [384, 256, 128, 128, 128, 3072]),
@@ -91,8 +95,11 @@ def test_partition_per_format(outcome, fmt, backend, partitions):
 
 def vllm_alone_allocates(format_experts, fmt, backend, topology, rows, kernel):
     """Whether vLLM alone, asked (through its own model-level minimum) for
-    exactly ``rows`` per rank, builds the layer at that size on ``kernel``:
-    its method's checks and rounding are the judges."""
+    exactly ``rows`` per rank, builds the layer at that size on ``kernel``
+    and its kernel keeps them as they are: its method's checks and rounding
+    are the judges, and the rows its weight preparation keeps (the format's
+    ``resident``, held to that preparation by ``tests/models/kimi_k3/
+    preparation``)."""
     logical = 3072 // topology.tp_size
     minimum = 1 if rows == logical else rows
     try:
@@ -101,8 +108,11 @@ def vllm_alone_allocates(format_experts, fmt, backend, topology, rows, kernel):
         )
     except Exception:
         return False
-    return experts.intermediate_size_per_partition == rows and (
-        kernel_of(experts.quant_method) == kernel
+    method = experts.quant_method
+    fmt = format_of_method(method)
+    kept = fmt.partition_rule.resident(method, rows) if fmt else rows
+    return experts.intermediate_size_per_partition == rows == kept and (
+        kernel_of(method) == kernel
     )
 
 

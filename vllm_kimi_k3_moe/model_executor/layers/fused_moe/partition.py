@@ -31,11 +31,12 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from typing import Any
 
 from vllm_kimi_k3_moe.formats import format_of_method
+from vllm_kimi_k3_moe.formats.kernel_padding import backend_name
 from vllm_kimi_k3_moe.formats.record import SEARCH_STEP, whole_group_partition
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import KimiMoEBuild
 from vllm_kimi_k3_moe.patching import replaced_attributes
@@ -86,9 +87,14 @@ class PartitionChoice:
     whole_groups: bool = False
     # why vLLM alone's partition, which it builds, its kernel cannot run
     upstream_refused: str | None = None
+    # the rows vLLM alone's kernel keeps once it prepared its weights, where
+    # that pads its partition again (this plugin allocates what it keeps)
+    upstream_resident: int | None = None
 
     def log_line(self) -> str:
         alone = "cannot build" if self.upstream is None else str(self.upstream)
+        if self.upstream_resident not in (None, self.upstream):
+            alone += f", {self.upstream_resident} once its kernel pads them"
         return (
             f"vllm-kimi-k3-moe: Kimi-K3 routed experts on {self.method} "
             f"({self.backend}): {self.allocated} intermediate rows per GPU "
@@ -104,27 +110,6 @@ class Chosen:
     layout: RankLayout
     choice: PartitionChoice
     zero_pad_scales: bool = False
-
-
-BACKEND_ATTRIBUTES = (
-    "mxfp4_backend",
-    "fp8_backend",
-    "nvfp4_backend",
-    "wna16_backend",
-    "wna16_moe_backend",
-    "unquantized_backend",
-)
-
-
-def backend_name(method: Any) -> str:
-    """The MoE kernel ``method`` selected, as vLLM's backend enums name it."""
-    if getattr(method, "use_cutlass_mxfp4", False):
-        return "cutlass_mxfp4_mxfp4"
-    for attribute in BACKEND_ATTRIBUTES:
-        backend = getattr(method, attribute, None)
-        if backend is not None:
-            return str(getattr(backend, "name", backend)).lower()
-    return "unknown backend"
 
 
 def kernel_of(method: Any) -> tuple[Any, ...]:
@@ -155,9 +140,25 @@ def logging_held_back() -> Iterator[None]:
             logging.disable(previous)
 
 
+def _quietly(candidates: Iterator[int]) -> Iterator[int]:
+    """``candidates`` drawn with vLLM's logging held back (the checks a rule
+    calls may warn of a pad the plugin's partition then avoids), handed out
+    outside it."""
+    while True:
+        with logging_held_back():
+            n = next(candidates, None)
+        if n is None:
+            return
+        yield n
+
+
 @dataclass(frozen=True)
 class Trial:
-    """A method built for one layout, or the error vLLM raised building it."""
+    """A method built for one layout, or the error vLLM raised building it.
+    ``layout`` is what the method's constructor left in the config: some
+    constructors pad the partition themselves (native FP8 with an explicit
+    ``--moe-backend`` rounds to whole blocks, ``pad_tp_shard_to_weight_blocks``),
+    and the method is only right for the layout it made."""
 
     layout: RankLayout
     method: Any = None
@@ -185,16 +186,16 @@ class LayoutChooser:
         model_level = build.model_level_size or self.intermediate
         alone = model_level // self.gpus
         self.alone_layout = RankLayout(alone, alone, False, model_level)
+        self.upstream_resident: int | None = None  # known once a rule says
 
     def trial(self, layout: RankLayout, quiet: bool = True) -> Trial:
         """Build the method for ``layout``, leaving the config as it was."""
         before = RankLayout.of(self.config)
         layout.set_on(self.config)
         try:
-            if quiet:
-                with logging_held_back():
-                    return Trial(layout, self.make_method())
-            return Trial(layout, self.make_method())
+            with logging_held_back() if quiet else nullcontext():
+                method = self.make_method()
+            return Trial(RankLayout.of(self.config), method)
         except Exception as error:  # vLLM's refusal, kept as the reason
             return Trial(layout, error=error)
         finally:
@@ -223,9 +224,12 @@ class LayoutChooser:
         method = reference.method
         upstream = limit = refused = None
         if alone.built:
-            upstream = self.round_up(method, self.alone_layout.allocated)
+            upstream = self.round_up(method, alone.layout.allocated)
             if rule.accepts is None or rule.accepts(method, self.hidden, upstream):
-                limit = upstream  # never more than vLLM alone, where it runs
+                # never more than vLLM alone keeps, where it runs
+                with logging_held_back():
+                    limit = rule.resident(method, upstream)
+                self.upstream_resident = limit
             else:
                 refused = f"its kernel cannot run {upstream} rows ({rule.name})"
         group = rule.row_group(method)
@@ -236,7 +240,8 @@ class LayoutChooser:
             start, step = self.round_up(method, self.logical), SEARCH_STEP
         limit = limit or self.intermediate
         rounded = functools.partial(self.round_up, method)
-        for n in rule.partitions(method, self.hidden, start, step, limit, rounded):
+        candidates = rule.partitions(method, self.hidden, start, step, limit, rounded)
+        for n in _quietly(candidates):
             layout = RankLayout(
                 n, n if whole_groups else self.logical, whole_groups, self.intermediate
             )
@@ -254,9 +259,15 @@ class LayoutChooser:
         """vLLM alone's layout exactly (or its error)."""
         if not alone.built:
             raise alone.error
-        allocated = self.round_up(alone.method, self.alone_layout.allocated)
-        choice = self._choice(alone.method, allocated, allocated, reason)
-        return Chosen(alone.method, self.alone_layout, choice)
+        allocated = self.round_up(alone.method, alone.layout.allocated)
+        choice = self._choice(
+            alone.method,
+            allocated,
+            allocated,
+            reason,
+            whole_groups=alone.layout.whole_groups,
+        )
+        return Chosen(alone.method, alone.layout, choice)
 
     def _chosen(
         self,
@@ -307,4 +318,5 @@ class LayoutChooser:
             reason=reason,
             whole_groups=whole_groups,
             upstream_refused=upstream_refused,
+            upstream_resident=self.upstream_resident,
         )

@@ -1,0 +1,228 @@
+"""One rank's routed experts as a GPU kernel receives them: built and loaded
+as the selftest builds and loads them (vLLM's ``KimiMoE`` through the
+plugin, a synthetic checkpoint through vLLM's loader), then prepared by the
+selected kernel's own ``process_weights_after_loading`` on the CPU, only its
+compiled ops stood in (``compiled_ops``).
+
+``representatives`` picks, for a config and kernel, one rank of each
+distinct layout the never-worse matrix builds: the partition, how many
+checkpoint rows that GPU holds (whole groups leave the last GPUs none), and
+expert parallelism. The kernel families' tests hold what ``prepare_rank``
+returns to what the compiled kernel assumes.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
+from tests.models.kimi_k3.preparation.compiled_ops import compiled_ops_on_cpu
+from tests.models.kimi_k3.test_never_worse_matrix import TOPOLOGIES
+from vllm_kimi_k3_moe.formats import FormatError, recognise
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
+    PartitionChoice,
+)
+from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.build.stand_ins import one_gpu_for_the_data_parallel_group
+from vllm_kimi_k3_moe.tools.selftest.harness import (
+    PreparedLayer,
+    SelftestCase,
+    loaded_rank,
+)
+from vllm_kimi_k3_moe.tools.selftest.kernels import ReferenceKernel
+from vllm_kimi_k3_moe.tools.selftest.layer import (
+    kimi_moe,
+    routed_experts,
+    write_layer_config,
+)
+from vllm_kimi_k3_moe.tools.selftest.shape import moe_shape
+from vllm_kimi_k3_moe.tools.selftest.synthetic import expert_tensors
+from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
+from vllm_kimi_k3_moe.tools.topology import Topology
+
+# Top-2 of 4 experts (2 x top-k, as the selftest builds): the preparation
+# loops over experts alike, and the rows of each are the real ones.
+FEW_EXPERTS = {**KIMI_K3_MOE_FIELDS, "num_experts_per_token": 2}
+
+
+def format_name(config: str) -> str | None:
+    """The registry format of a config in ``QUANTIZATION_CONFIGS``, if any
+    (native MXFP4 and FP8 configs are vLLM's own, not a checkpoint's)."""
+    try:
+        return recognise(QUANTIZATION_CONFIGS[config], None, config).format.name
+    except FormatError:
+        return None
+
+
+def configs_of(*formats: str) -> list[str]:
+    """Every config the never-worse matrix builds in one of ``formats``."""
+    return sorted(c for c in QUANTIZATION_CONFIGS if format_name(c) in formats)
+
+
+@dataclass(frozen=True)
+class PreparationCase:
+    """One GPU of a layout serving a config on a kernel."""
+
+    config: str  # a name in kimi_k3_formats.QUANTIZATION_CONFIGS
+    backend: str  # --moe-backend
+    topology: Topology
+    rank: int = 0  # flattened over DP: dp_rank * TP + tp_rank
+    rows: int = 0  # checkpoint rows of every expert this GPU holds
+
+    def label(self) -> str:
+        return (
+            f"{self.config} on {self.backend} at {self.topology.label()} "
+            f"GPU {self.rank} ({self.rows} rows held)"
+        )
+
+    def selftest_case(self) -> SelftestCase:
+        config = QUANTIZATION_CONFIGS[self.config]
+        fmt = recognise(config, None, self.config).format.name
+        return SelftestCase(fmt, self.topology, self.backend, FEW_EXPERTS, config)
+
+
+@dataclass
+class PreparedRank:
+    """A rank's experts after the kernel prepared them."""
+
+    case: PreparationCase
+    experts: Any  # vLLM's RoutedExperts, prepared
+    loaded: dict[str, Any]  # every parameter as loaded, before preparation
+    choice: PartitionChoice  # what the plugin chose for it
+    width: int  # the experts' input width (w13's K)
+
+
+class PreparedOnCpu:
+    """A ``KernelPath`` whose ``prepare`` runs the selected kernel's weight
+    preparation on the CPU (and keeps what it was given); nothing is run."""
+
+    timed = False
+    floor = 0.0
+
+    def __init__(self) -> None:
+        import torch
+
+        self.device = torch.device("cpu")
+        self.reference = ReferenceKernel()
+        self.loaded: dict[str, Any] = {}
+
+    def selection(self, deployment: Any) -> Any:
+        return self.reference.selection(deployment)
+
+    def prepare(self, model: Any, fmt: str, vllm_config: Any) -> Any:
+        from vllm.model_executor.model_loader.utils import (
+            process_weights_after_loading,
+        )
+
+        experts = routed_experts(kimi_moe(model))
+        self.loaded = {
+            name: param.detach().clone() for name, param in experts.named_parameters()
+        }
+        with (
+            compiled_ops_on_cpu(),
+            one_gpu_for_the_data_parallel_group(experts.quant_method.moe),
+        ):
+            process_weights_after_loading(
+                experts, vllm_config.model_config, self.device
+            )
+        return None
+
+    def kernel(self, experts: Any) -> str:
+        return self.reference.kernel(experts)
+
+
+_WORKDIR = tempfile.TemporaryDirectory(prefix="kimi-k3-preparation-")
+
+
+@functools.cache
+def _layer(config: str, topology: Topology) -> PreparedLayer:
+    """The synthetic layer every rank of ``config`` loads (one per config;
+    expert parallelism spreads as many experts as GPUs): the selftest's
+    tensors and ``config.json``, no inputs or reference (nothing is run)."""
+    import torch
+
+    case = PreparationCase(config, "marlin", topology).selftest_case()
+    workdir = Path(_WORKDIR.name) / f"{config}-{topology.label().replace(' ', '-')}"
+    workdir.mkdir()
+    shape = moe_shape(case.text_config, topology, reduced_width=True)
+    fmt = case.checkpoint_format()
+    write_layer_config(workdir, case.text_config, shape, case.config())
+    tensors = expert_tensors(fmt, shape)
+    unrouted = SimpleNamespace(bias=torch.zeros(shape.experts))
+    return PreparedLayer(shape, fmt, workdir, tensors, unrouted, torch.empty(0))
+
+
+def _layer_topology(topology: Topology) -> Topology:
+    """Ranks share a synthetic layer unless expert parallelism changes the
+    experts built (``shape.reduced_experts``)."""
+    return topology if topology.expert_parallel else Topology(1)
+
+
+def prepare_rank(kimi_model: ModuleType, case: PreparationCase) -> PreparedRank:
+    """``case``'s GPU built, loaded and prepared by its kernel."""
+    selftest = case.selftest_case()
+    layer = _layer(case.config, _layer_topology(case.topology))
+    path = PreparedOnCpu()
+    topology = case.topology
+    rank = Rank(
+        topology,
+        tp_rank=case.rank % topology.tp_size,
+        dp_rank=case.rank // topology.tp_size,
+    )
+    with loaded_rank(path, selftest, kimi_model, layer, rank) as loaded:
+        experts = loaded.experts
+        return PreparedRank(
+            case, experts, path.loaded, experts.kimi_k3_partition, layer.shape.width
+        )
+
+
+def rows_held(
+    choice: PartitionChoice, intermediate: int, topology: Topology
+) -> list[int]:
+    """Checkpoint rows of every expert (its own, with expert parallelism)
+    each GPU sharing the layer holds."""
+    gpus = topology.moe_group
+    if topology.expert_parallel:
+        return [intermediate] * gpus
+    if not choice.whole_groups:
+        return [intermediate // gpus] * gpus
+    n = choice.allocated
+    return [
+        max(0, min(intermediate, (r + 1) * n) - min(intermediate, r * n))
+        for r in range(gpus)
+    ]
+
+
+def representatives(
+    format_experts: Any, config: str, backend: str
+) -> list[PreparationCase]:
+    """One GPU of each distinct layout the plugin gives ``config`` on
+    ``backend`` over the never-worse matrix's topologies (rank 0's choice,
+    built on the meta device); where vLLM refuses a topology, none."""
+    found: dict[tuple[Any, ...], PreparationCase] = {}
+    for topology in TOPOLOGIES:
+        try:
+            experts = format_experts(config, backend, topology)
+        except Exception:  # vLLM refuses it: nothing is prepared there
+            continue
+        choice = experts.kimi_k3_partition
+        held = rows_held(choice, experts.moe_config.intermediate_size, topology)
+        for rank, rows in enumerate(held):
+            key = (
+                choice.allocated,
+                rows,
+                choice.whole_groups,
+                topology.expert_parallel,
+            )
+            if key not in found:
+                found[key] = PreparationCase(config, backend, topology, rank, rows)
+    return list(found.values())
+
+
+def with_rank(case: PreparationCase, rank: int) -> PreparationCase:
+    return replace(case, rank=rank)
