@@ -2,7 +2,7 @@
 as the selftest builds and loads them (vLLM's ``KimiMoE`` through the
 plugin, a synthetic checkpoint through vLLM's loader), then prepared by the
 selected kernel's own ``process_weights_after_loading`` on the CPU, only its
-compiled ops stood in (``compiled_ops``).
+compiled ops and device calls stood in (``stand_ins``).
 
 ``representatives`` picks, for a config and kernel, one rank of each
 distinct layout the never-worse matrix builds: the partition, how many
@@ -21,7 +21,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
-from tests.models.kimi_k3.preparation.compiled_ops import compiled_ops_on_cpu
+from tests.models.kimi_k3.preparation import stand_ins
 from tests.models.kimi_k3.test_never_worse_matrix import TOPOLOGIES
 from vllm_kimi_k3_moe.formats import FormatError, recognise
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
@@ -124,7 +124,7 @@ class PreparedOnCpu:
             name: param.detach().clone() for name, param in experts.named_parameters()
         }
         with (
-            compiled_ops_on_cpu(),
+            stand_ins.on_cpu(),
             one_gpu_for_the_data_parallel_group(experts.quant_method.moe),
         ):
             process_weights_after_loading(

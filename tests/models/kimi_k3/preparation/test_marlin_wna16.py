@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tests.models.kimi_k3.preparation.compiled_ops import unrepacked
 from tests.models.kimi_k3.preparation.harness import (
     PreparationCase,
     PreparedRank,
@@ -27,6 +26,7 @@ from tests.models.kimi_k3.preparation.harness import (
     representatives,
 )
 from tests.models.kimi_k3.preparation.marlin_kernel import MarlinGemm
+from tests.models.kimi_k3.preparation.stand_ins.marlin import unrepacked
 from vllm_kimi_k3_moe.tools.topology import Topology
 
 

@@ -1,26 +1,13 @@
-"""Stand-ins for the compiled ops a GPU kernel's weight preparation calls,
-the one place the preparation tests fake anything.
-
-vLLM's CUDA wheel on a CPU box loads no ``vllm._C`` (``No module named
-'vllm._C'``), so ``torch.ops._C.*`` does not exist and each kernel's
-``process_weights_after_loading`` stops at its first compiled op. Every other
-step of the preparation (pads, transposes, scale permutations, swizzles,
-config rewrites) is vLLM's own Python and runs here as on the GPU.
-
-Each stand-in is defined with the op's schema for the ``with`` block and
-removed on exit. Those that stand for a repack (a pure rearrangement of the
-same values into the kernel's tile order) keep every value: they return the
-input's values in the op's output shape (same element count), row-major, so
-a check can read the tensor back in the layout it had before the repack and
-see where each value went (``unrepacked``). What the real op guarantees, and
-the stand-in does not reproduce, is the tile order inside that shape: a
-layout the kernel was compiled for, which only a GPU run shows.
+"""Marlin's compiled repacks, kept as values in the op's output shape.
 
 ``gptq_marlin_repack``, ``awq_marlin_repack``
     csrc/quantization/marlin/gptq_marlin_repack.cu, awq_marlin_repack.cu:
     a [K / pack, N] (GPTQ, packed along K) or [K, N / pack] (AWQ, packed
     along N) int32 matrix to Marlin's [K / 16, N * 16 / pack] tiles, values
-    unchanged. vLLM's own fake (``vllm._custom_ops``) gives the same shape.
+    unchanged. The stand-in returns the input's values in that shape (the
+    element count is the same), row-major: ``unrepacked`` reads them back in
+    the layout they were repacked from. vLLM's own fake
+    (``vllm._custom_ops``) gives the same shape.
 """
 
 from __future__ import annotations
@@ -56,8 +43,8 @@ def unrepacked(repacked: Any, size_k: int, num_bits: int, along_k: bool) -> Any:
 
 
 @contextmanager
-def compiled_ops_on_cpu() -> Iterator[None]:
-    """The stand-ins above, defined as ``torch.ops._C.*`` for the block."""
+def stand_ins() -> Iterator[None]:
+    """The repacks, defined as ``torch.ops._C.*`` for the block."""
     import torch
 
     library = torch.library.Library("_C", "FRAGMENT")

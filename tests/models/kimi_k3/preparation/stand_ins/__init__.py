@@ -1,0 +1,38 @@
+"""What the preparation tests stand in for, the one place they fake anything:
+the compiled ops, and the device calls, of each GPU kernel's weight
+preparation.
+
+vLLM's CUDA wheel on a CPU box loads no ``vllm._C`` (``No module named
+'vllm._C'``), so ``torch.ops._C.*`` does not exist, and each kernel's
+``process_weights_after_loading`` stops at its first compiled op or CUDA
+call. Every other step of the preparation (pads, transposes, scale
+permutations, swizzles, config rewrites) is vLLM's own Python and runs here
+as on the GPU.
+
+One module per kernel family, each with its own ledger entry per stand-in
+(what the real op does, what the stand-in keeps of it): ``marlin``. Each
+stand-in exists only inside ``on_cpu()`` and is removed on exit. A stand-in
+for a repack (a pure rearrangement of the same values into the kernel's
+tile order) keeps every value, so that a test can read the tensor back in
+the layout it had before (each module's ``unrepacked``-style helpers) and
+see where each value went; what it does not reproduce, the tile order the
+kernel was compiled for, only a GPU run shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+from tests.models.kimi_k3.preparation.stand_ins import marlin
+
+FAMILIES = (marlin,)
+
+
+@contextmanager
+def on_cpu() -> Iterator[None]:
+    """Every family's stand-ins, for the block."""
+    with ExitStack() as stack:
+        for family in FAMILIES:
+            stack.enter_context(family.stand_ins())
+        yield
