@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 ROUTED_PARAMETERS = ("experts.routed_experts.w13_", "experts.routed_experts.w2_")
@@ -54,6 +54,9 @@ class LayerAllocation:
     # built with the plugin: why vLLM alone's partition, which it builds,
     # its kernel cannot run (the plugin's ``PartitionChoice``)
     vllm_alone_refused: str | None = None
+    # built with the plugin: the rows vLLM alone's kernel keeps once its
+    # weight preparation padded vLLM alone's partition again (None: as built)
+    vllm_alone_resident: int | None = None
 
     @classmethod
     def of(cls, kimi_moe: Any) -> LayerAllocation:
@@ -66,6 +69,8 @@ class LayerAllocation:
             return sum(n for name, n in sizes.items() if name.startswith(prefixes))
 
         experts = kimi_moe.experts.routed_experts
+        choice = getattr(experts, "kimi_k3_partition", None)
+        resident = getattr(choice, "upstream_resident", None)
         return cls(
             intermediate_per_rank=experts.intermediate_size_per_partition,
             local_experts=experts.local_num_experts,
@@ -73,9 +78,27 @@ class LayerAllocation:
             shared_bytes=total(SHARED_PARAMETERS),
             latent_bytes=total(LATENT_PARAMETERS),
             total_bytes=sum(sizes.values()),
-            vllm_alone_refused=getattr(
-                getattr(experts, "kimi_k3_partition", None), "upstream_refused", None
+            vllm_alone_refused=getattr(choice, "upstream_refused", None),
+            vllm_alone_resident=(
+                resident if resident != getattr(choice, "upstream", None) else None
             ),
+        )
+
+    def kept_by_its_kernel(self, rows: int, other: LayerAllocation) -> LayerAllocation:
+        """This layer as its kernel keeps it once its weight preparation padded
+        it to ``rows``, from two builds of the same kernel: its routed
+        experts' bytes are affine in the rows (every per-expert tensor but
+        the per-expert scalars spans them), so this build and ``other``, at
+        another partition, give the bytes at ``rows``."""
+        span = other.intermediate_per_rank - self.intermediate_per_rank
+        per_row, remainder = divmod(other.routed_bytes - self.routed_bytes, span)
+        assert remainder == 0, "routed-expert bytes are not affine in the rows"
+        added = per_row * (rows - self.intermediate_per_rank)
+        return replace(
+            self,
+            intermediate_per_rank=rows,
+            routed_bytes=self.routed_bytes + added,
+            total_bytes=self.total_bytes + added,
         )
 
 
@@ -176,6 +199,17 @@ class PlacedAllocation:
                     else {"dense_mlp": dense["dense_mlp"]}
                 ),
             }
+            for layer in self.layers
+        )
+        return PlacedAllocation(layers, self.first, self.last, self.every)
+
+    def with_routed_bytes(self, routed_bytes: int) -> PlacedAllocation:
+        """This model with every MoE layer's routed experts at
+        ``routed_bytes`` (what their kernel keeps)."""
+        layers = tuple(
+            {**layer, "moe_routed_experts": routed_bytes}
+            if layer["moe_routed_experts"]
+            else layer
             for layer in self.layers
         )
         return PlacedAllocation(layers, self.first, self.last, self.every)

@@ -94,6 +94,20 @@ class _Built:
     upstream_refusal: str | None = None
 
 
+def kept_by_its_kernel(upstream: Any, fixed: Any) -> Any:
+    """vLLM alone's build as its kernel keeps it: where that kernel's weight
+    preparation pads vLLM alone's partition again (the plugin's record of
+    the layer says to how many rows), its routed experts hold that many
+    rows from then on, as the plugin's own build (same kernel, another
+    partition) and vLLM alone's give them."""
+    rows = fixed.moe_layer.vllm_alone_resident
+    if rows is None:
+        return upstream
+    layer = upstream.moe_layer.kept_by_its_kernel(rows, fixed.moe_layer)
+    placed = upstream.placed.with_routed_bytes(layer.routed_bytes)
+    return replace(upstream, placed=placed, moe_layer=layer)
+
+
 class Planner:
     """Sizes deployments of one text config under one serving setup and GPU
     budget, building each distinct sharding once."""
@@ -171,7 +185,7 @@ class Planner:
         upstream, fixed = built
         if isinstance(upstream, str):
             return None, fixed, upstream
-        return upstream, fixed, None
+        return kept_by_its_kernel(upstream, fixed), fixed, None
 
     def _built(self, deployment: Deployment) -> _Built:
         """The sharding of ``deployment``, built once: the whole model for its
