@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vllm_kimi_k3_moe.formats.kernel_padding import humming_keeps
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
 from vllm_kimi_k3_moe.formats.record import (
     CheckpointFormat,
@@ -63,19 +62,6 @@ def row_group(method: Any) -> int:
     return row_group_of(num_bits(method), group_size(method))
 
 
-def _resident(method: Any, n: int) -> int:
-    """Marlin pads the rows to its thread tiles at weight preparation
-    (``marlin_moe_padded_intermediate``: a multiple of lcm(64, group)),
-    keeping the padded copy; so does Humming (``kernel_padding``)."""
-    if backend(method).name not in MARLIN_BACKENDS:
-        return humming_keeps(method, n)
-    from vllm.model_executor.layers.quantization.utils.marlin_utils import (
-        marlin_moe_padded_intermediate,
-    )
-
-    return marlin_moe_padded_intermediate(n, group_size(method))
-
-
 def _accepts(method: Any, hidden: int, n: int) -> bool:
     from vllm.model_executor.layers.quantization.utils.marlin_utils import (
         check_moe_marlin_supports_config,
@@ -109,5 +95,4 @@ RULE = PartitionRule(
     row_group=row_group,
     zero_pad_scales=True,
     kernel_may_allocate_more=False,  # Marlin pads at weight preparation
-    resident=_resident,
 )

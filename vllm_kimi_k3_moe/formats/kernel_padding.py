@@ -20,19 +20,27 @@ from typing import Any
 # ``_prepare_and_transform_sublayer`` pads w13's outputs (2 x rows) to a
 # multiple of 256 and w2's inputs (the rows) to 128.
 HUMMING_ROWS = 128
-# Gated FP4 kernels pad each of gate and up to a multiple of 64:
+# NVFP4's gated kernels pad each of gate and up to a multiple of 64:
 # ``flashinfer_fp4_moe`` (``align_fp4_moe_weights_for_fi(min_alignment=64)``
-# for FlashInfer TRT-LLM and CuteDSL), ``b12x_moe._pad_gated_weights``, and
-# ``marlin_utils_fp4.prepare_nvfp4_moe_layer_for_marlin`` (widths that are a
-# multiple of 128, as Kimi-K3's 3584).
+# for FlashInfer TRT-LLM and CuteDSL) and ``b12x_moe._pad_gated_weights``.
 GATED_FP4_ROWS = 64
+NVFP4_PADDING_GATED = ("flashinfer_trtllm", "flashinfer_cutedsl", "b12x")
+# Marlin, every format, pads the rows to its thread tiles, a whole number of
+# the format's groups along them (``marlin_moe_padded_intermediate``, which
+# ``int_wna16``, ``marlin_utils_fp8`` and ``marlin_utils_fp4`` call or
+# restate for widths that are a multiple of 128, as Kimi-K3's 3584).
+MARLIN = ("marlin", "batched_marlin")
 
+# Where vLLM 0.33.0's MoE methods keep the backend they selected.
 BACKEND_ATTRIBUTES = (
     "mxfp4_backend",
     "fp8_backend",
     "nvfp4_backend",
+    "mxfp8_backend",
     "wna16_backend",
     "wna16_moe_backend",
+    "int8_backend",
+    "w4a8_backend",
     "unquantized_backend",
 )
 
@@ -52,7 +60,19 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def humming_keeps(method: Any, n: int) -> int:
-    """The rows Humming keeps of a partition of ``n``; any other kernel's
-    as allocated, unless its format's rule says otherwise."""
-    return round_up(n, HUMMING_ROWS) if backend_name(method) == "humming" else n
+def kernel_keeps(method: Any, n: int, group: int) -> int:
+    """The rows ``method``'s kernel keeps of a partition of ``n`` once its
+    weight preparation ran; ``group``: the rows that share a scale (or a
+    packed element) along them."""
+    backend = backend_name(method)
+    if backend in MARLIN:
+        from vllm.model_executor.layers.quantization.utils.marlin_utils import (
+            marlin_moe_padded_intermediate,
+        )
+
+        return marlin_moe_padded_intermediate(n, group)
+    if backend == "humming":
+        return round_up(n, HUMMING_ROWS)
+    if backend in NVFP4_PADDING_GATED and hasattr(method, "nvfp4_backend"):
+        return round_up(n, GATED_FP4_ROWS)
+    return n

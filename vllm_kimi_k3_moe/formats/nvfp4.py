@@ -21,11 +21,6 @@ from vllm_kimi_k3_moe.formats.compressed_tensors import (
     VISION,
     compressed_tensors_config,
 )
-from vllm_kimi_k3_moe.formats.kernel_padding import (
-    GATED_FP4_ROWS,
-    humming_keeps,
-    round_up,
-)
 from vllm_kimi_k3_moe.formats.layouts import (
     SCALE,
     ExpertScalar,
@@ -107,21 +102,10 @@ def _group(method: Any) -> int:
     return GROUP
 
 
-# The kernels whose weight preparation pads gate and up to GATED_FP4_ROWS.
-PADDING_GATED_ROWS = ("FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "B12X", "MARLIN")
-
-
-def _resident(method: Any, n: int) -> int:
-    if method.nvfp4_backend.name in PADDING_GATED_ROWS:
-        return round_up(n, GATED_FP4_ROWS)
-    return humming_keeps(method, n)
-
-
 RULE = PartitionRule(
     "swizzle_blockscale row tiles on CUTLASS-family kernels",
     accepts=_accepts,
     row_group=_group,
-    resident=_resident,
 )
 GROUP_UNIT = "NVFP4 scale groups"
 

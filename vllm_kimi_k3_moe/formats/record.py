@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_kimi_k3_moe.formats.kernel_padding import humming_keeps
+from vllm_kimi_k3_moe.formats.kernel_padding import kernel_keeps
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
 
 RoundUp = Callable[[int], int]  # n -> the method's own rounding of n
@@ -45,11 +45,13 @@ class PartitionRule:
     # (MXFP4 Marlin: 128 rows where 64 would be whole blocks of 32): then a
     # GPU's rows depend on the kernel (``rank_rows``' ``partition``).
     kernel_may_allocate_more: bool = True
-    # ``resident(method, n)``: the rows the method's kernel keeps once its
-    # weight preparation ran on a partition of ``n`` (some pad again there,
-    # holding a second copy while they do). The plugin allocates only
-    # partitions kept as they are, so nothing is padded twice.
-    resident: Callable[[Any, int], int] = humming_keeps
+
+    def resident(self, method: Any, n: int) -> int:
+        """The rows the method's kernel keeps once its weight preparation
+        ran on a partition of ``n`` (some pad again there, holding a second
+        copy while they do: ``kernel_padding``). The plugin allocates only
+        partitions kept as they are, so nothing is padded twice."""
+        return kernel_keeps(method, n, self.row_group(method))
 
     def partitions(
         self,

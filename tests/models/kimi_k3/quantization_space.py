@@ -9,7 +9,9 @@ for the experts' method, crossed.
 - AutoGPTQ (``AutoGPTQConfig``: symmetric only, ``desc_act`` off): 4 and 8
   bits, groups of 64 and 128;
 - compressed-tensors FP8 in blocks of [128, 128], per output channel, per
-  tensor;
+  tensor; vLLM's native FP8 (``quant_method: fp8``) in blocks of [128, 128]
+  and per tensor; ModelOpt FP8, FP8_PB_WO and MXFP8; compressed-tensors
+  MXFP8; compressed-tensors INT4 per channel;
 - NVFP4 (compressed-tensors, ModelOpt), MXFP4 (native, compressed-tensors),
   BF16: the published formats, each one point of its space.
 
@@ -108,6 +110,43 @@ def _symmetry(symmetric: bool) -> str:
     return "sym" if symmetric else "asym"
 
 
+# Every module of a KimiMoE but its routed experts, as vLLM's native FP8
+# config matches ignored layers (exactly, at the suite's layer prefix) and
+# as ModelOpt's does (fnmatch patterns).
+MOE_PREFIX = "model.layers.1.block_sparse_moe"
+FP8_IGNORED = [
+    f"{MOE_PREFIX}.{module}"
+    for module in (
+        "shared_experts.gate_up_proj",
+        "shared_experts.down_proj",
+        "routed_expert_up_proj",
+        "routed_expert_down_proj",
+        "gate",
+    )
+]
+MODELOPT_IGNORED = [f"*{module}*" for module in NOT_EXPERTS]
+
+
+def native_fp8(block: list[int] | None) -> dict[str, Any]:
+    """vLLM's own FP8 (DeepSeek-V3 and Kimi-K2 ship it: ``quant_method:
+    fp8``), in blocks or per tensor."""
+    config: dict[str, Any] = {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "ignored_layers": FP8_IGNORED,
+    }
+    if block is not None:
+        config["weight_block_size"] = block
+    return config
+
+
+def modelopt(algo: str) -> dict[str, Any]:
+    return {"quant_method": "modelopt", "quant_algo": algo, "ignore": MODELOPT_IGNORED}
+
+
+MXFP8 = {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32}
+
+
 SPACE: dict[str, dict[str, Any]] = {
     **{
         f"ct-int{bits}-g{group}-{_symmetry(sym)}": compressed_tensors_int(
@@ -122,4 +161,22 @@ SPACE: dict[str, dict[str, Any]] = {
         for bits, group in product(INT_BITS, (64, 128))
     },
     **{f"ct-fp8-{strategy}": fp8(strategy) for strategy in ("channel", "tensor")},
+    # configs no format of the plugin's registry names: their rule is learned
+    "fp8-native-block": native_fp8([128, 128]),
+    "fp8-native-tensor": native_fp8(None),
+    **{
+        f"modelopt-{algo.lower().replace('_', '-')}": modelopt(algo)
+        for algo in ("FP8", "FP8_PB_WO")
+    },
+    "modelopt-mxfp8": modelopt("MXFP8"),
+    "ct-mxfp8": compressed_tensors(
+        {**MXFP8, "symmetric": True, "dynamic": False, "scale_dtype": "torch.uint8"},
+        {**MXFP8, "symmetric": True, "dynamic": True, "scale_dtype": "torch.uint8"},
+        "mxfp8-quantized",
+    ),
+    "ct-int4-channel": compressed_tensors(
+        {"num_bits": 4, "type": "int", "strategy": "channel", "symmetric": True},
+        None,
+        "pack-quantized",
+    ),
 }

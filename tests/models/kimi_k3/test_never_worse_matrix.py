@@ -20,7 +20,11 @@ import pytest
 
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.formats import format_of_method
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
+    kernel_of,
+    rule_of,
+)
+from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
 from vllm_kimi_k3_moe.tools.topology import Topology
 
 TP_SIZES = (1, 2, 4, 8, 16, 32)  # whole heads (96) and vocabulary rows
@@ -73,7 +77,8 @@ def outcome(format_experts, config: str, backend: str, topology: Topology, **kw)
     method, partition = experts.quant_method, experts.intermediate_size_per_partition
     names = tuple(getattr(part, "__name__", str(part)) for part in kernel_of(method))
     fmt = format_of_method(method)
-    rule = fmt and fmt.partition_rule
+    with simulated_rank(topology):  # a learned rule runs create_weights
+        rule = rule_of(method, experts.moe_config)
     hidden = experts.moe_config.hidden_dim
     takes = not rule or not rule.accepts or rule.accepts(method, hidden, partition)
     resident = rule.resident(method, partition) if rule else partition

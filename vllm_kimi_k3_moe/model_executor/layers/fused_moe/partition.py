@@ -14,11 +14,13 @@ will get. The trials ask vLLM, in this order:
    model-level size it would have been handed, ``KimiMoEBuild``), its kernel,
    and whether the method's rule accepts that partition (vLLM alone may
    build a layer whose kernel then refuses it, or fail outright);
-2. the smallest partition the method's rule accepts, no larger than vLLM
-   alone's where vLLM alone builds, otherwise no larger than the whole
-   expert: where the even slice splits a scale group the GPU holds whole
-   groups instead (``RankLayout.whole_groups``); the method built for it must
-   select vLLM alone's kernel;
+2. the smallest partition the method's rule accepts (its format's in the
+   registry, else one learned from the method itself: ``learned_rule``) and
+   its kernel keeps as it is after its weight preparation, no larger than
+   what vLLM alone's kernel keeps where vLLM alone builds, otherwise no
+   larger than the whole expert: where the even slice splits a scale group
+   the GPU holds whole groups instead (``RankLayout.whole_groups``); the
+   method built for it must select vLLM alone's kernel;
 3. failing that, vLLM alone's layout exactly; or, where vLLM alone fails and
    nothing else builds, vLLM alone's own error.
 
@@ -37,7 +39,12 @@ from typing import Any
 
 from vllm_kimi_k3_moe.formats import format_of_method
 from vllm_kimi_k3_moe.formats.kernel_padding import backend_name
-from vllm_kimi_k3_moe.formats.record import SEARCH_STEP, whole_group_partition
+from vllm_kimi_k3_moe.formats.record import (
+    SEARCH_STEP,
+    PartitionRule,
+    whole_group_partition,
+)
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.learned_rule import learned_rule
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import KimiMoEBuild
 from vllm_kimi_k3_moe.patching import replaced_attributes
 
@@ -140,6 +147,13 @@ def logging_held_back() -> Iterator[None]:
             logging.disable(previous)
 
 
+def rule_of(method: Any, config: Any) -> PartitionRule | None:
+    """The partition rule of vLLM's MoE quantization ``method`` (built for
+    ``config``): its format's, or one learned from the method itself."""
+    fmt = format_of_method(method)
+    return fmt.partition_rule if fmt else learned_rule(method, config)
+
+
 def _quietly(candidates: Iterator[int]) -> Iterator[int]:
     """``candidates`` drawn with vLLM's logging held back (the checks a rule
     calls may warn of a pad the plugin's partition then avoids), handed out
@@ -215,13 +229,14 @@ class LayoutChooser:
         if not alone.built:  # learn the format from the unsplit expert
             whole = self.intermediate
             reference = self.trial(RankLayout(whole, whole, False, whole))
-        fmt = reference.built and format_of_method(reference.method)
-        if not fmt:
+        if not reference.built:
+            return self._keep(alone, "vLLM alone's error")
+        method = reference.method
+        rule = rule_of(method, self.config)
+        if rule is None:
             return self._keep(
                 alone, "no rule for this method: vLLM alone's partition, zeroed"
             )
-        rule = fmt.partition_rule
-        method = reference.method
         upstream = limit = refused = None
         if alone.built:
             upstream = self.round_up(method, alone.layout.allocated)
