@@ -19,8 +19,8 @@ from tests.models.kimi_k3.format_checkpoints import expert_checkpoint
 from tests.models.kimi_k3.gpu_stand_ins import uninitialised_memory_reads
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec
 from tests.models.kimi_k3.kimi_k3_formats import (
+    LEARNED_FORMAT,
     PUBLISHED_FORMATS,
-    UNCOVERED_FORMAT,
     format_vllm_config,
 )
 from tests.models.kimi_k3.test_fp8_block_and_nvfp4_loading import (
@@ -49,13 +49,13 @@ from vllm_kimi_k3_moe.tools.topology import Topology
 
 __all__ = [
     "ALIGNED_TOPOLOGIES",
+    "LEARNED_FORMAT",
     "MATRIX_FORMATS",
     "PARTITIONS",
     "PLACEMENTS",
     "PLACEMENT_IDS",
     "PUBLISHED_FORMATS",
     "TOPOLOGIES",
-    "UNCOVERED_FORMAT",
     "KimiK3Spec",
     "Rank",
     "Topology",

@@ -66,9 +66,9 @@ def test_the_matrix_builds_where_the_plugin_does(model):
         Path(out).write_text(json.dumps(dump, indent=1, sort_keys=True))
 
 
-# Every published format's row of the suite's table (a format with no rule
-# keeps vLLM alone's partition in the plugin; in-tree its method decides).
-PARTITIONS = [row for row in helpers.PARTITIONS if row[0] != helpers.UNCOVERED_FORMAT]
+# Every row of the suite's table, the learned rule's (FP8 per channel) too:
+# in tree its method decides, and gives the same.
+PARTITIONS = helpers.PARTITIONS
 
 
 @pytest.mark.parametrize(("fmt", "backend", "partitions"), PARTITIONS)
@@ -81,9 +81,9 @@ def test_partition_per_format_and_topology(model, fmt, backend, partitions):
 
 
 def test_a_method_with_no_kernel_limit_gets_the_logical_slice(model):
-    """FP8 per channel: no block to fill, no padding in its method; the
-    plugin keeps vLLM alone's 256 for it (a method it has no rule for)."""
-    layer = experts(model, helpers.UNCOVERED_FORMAT, "triton", helpers.Topology(32))
+    """FP8 per channel: no block to fill, no padding in its method (the
+    plugin learns the same rule from it)."""
+    layer = experts(model, helpers.LEARNED_FORMAT, "triton", helpers.Topology(32))
     assert layer.intermediate_size_per_partition == LOGICAL // 32
 
 

@@ -77,9 +77,10 @@ QUANTIZATION_CONFIGS: dict[str, dict[str, Any] | None] = {
 # The published formats with a config above (AWQ and GPTQ are in SPACE).
 PUBLISHED_FORMATS = tuple(f for f in QUANTIZATION_CONFIGS if f in FORMAT_NAMES)
 QUANTIZATION_CONFIGS |= SPACE
-# A format no rule of the plugin covers: FP8 per output channel (vLLM's FP8
-# method with a strategy that puts no constraint the plugin knows of).
-UNCOVERED_FORMAT = "ct-fp8-channel"
+# A config no format of the registry names: FP8 per output channel (vLLM's
+# compressed-tensors FP8 method with a strategy no format describes), whose
+# partition rule the plugin learns from the method itself.
+LEARNED_FORMAT = "ct-fp8-channel"
 
 
 # One directory for every format's config.json, removed when the process

@@ -1,6 +1,6 @@
 """With the plugin, Kimi-K3 in every published format gets the smallest
 per-rank partition vLLM's own code accepts, never larger than vLLM alone's;
-a method the plugin has no rule for keeps vLLM alone's partition. (That it
+a method no format names gets the same from the rule learned from it. (That it
 builds wherever vLLM alone builds, on the same kernel, over the space of
 configs vLLM accepts: ``test_never_worse_matrix``.)"""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.models.kimi_k3.kimi_k3_formats import UNCOVERED_FORMAT
+from tests.models.kimi_k3.kimi_k3_formats import LEARNED_FORMAT
 from vllm_kimi_k3_moe.formats import format_of_method
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
 from vllm_kimi_k3_moe.tools.topology import Topology
@@ -81,8 +81,8 @@ PARTITIONS = [
     ("gptq", "marlin", [384, 256, 128, 128, 128, 3072]),
     # BF16: Triton takes any size
     ("bf16", "triton", [384, 192, 128, 96, 96, 3072]),
-    # no rule: vLLM alone's partition
-    (UNCOVERED_FORMAT, "triton", [384, 256, 256, 256, 128, 3072]),
+    # no format: the rule learned from the method (FP8 per channel: 1 row)
+    (LEARNED_FORMAT, "triton", [384, 192, 128, 96, 96, 3072]),
 ]
 
 
@@ -141,8 +141,6 @@ def test_partition_is_the_smallest_vllm_accepts(
     )
     logical = 3072 // tp_size
     assert vllm_alone_allocates(format_experts, fmt, backend, topology, mine, kernel)
-    if fmt == UNCOVERED_FORMAT:
-        return  # no rule: vLLM alone's size, not a search
     smaller = [logical, *range((logical // 16 + 1) * 16, mine, 16)]
     accepted = [
         rows

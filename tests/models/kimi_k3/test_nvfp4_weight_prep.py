@@ -1,6 +1,6 @@
 """vLLM's NVFP4 weight preparation decides the final partition: the CUTLASS
-kernels refuse a gated pad (so the plugin allocates 128 at TP32), the
-FlashInfer kernels zero-pad the logical 96 themselves."""
+kernels refuse a gated pad, the FlashInfer kernels pad the logical 96 to 128
+into new tensors; either way the plugin allocates the 128 they keep."""
 
 from __future__ import annotations
 
@@ -72,13 +72,17 @@ def test_cutlass_weight_prep_takes_the_plugin_partition(
     assert w13.shape[1] == 2 * 128 and w2.shape[2] * 2 == 128
 
 
-def test_flashinfer_weight_prep_zero_pads_the_logical_96(
+def test_flashinfer_weight_prep_pads_the_logical_96_again(
     format_experts, cuda_copies_stay_on_cpu
 ):
-    """Allocated at 96; prepared at 128 (``align_fp4_moe_weights_for_fi``),
-    the 32 new rows of gate and up (interleaved with the others by the kernel
-    layout) and the new w2 columns all zero."""
-    experts = build(format_experts, "flashinfer_cutedsl")
+    """Why the plugin allocates 128 on FlashInfer too: handed the logical 96
+    (vLLM alone at TP8 x DP4), its weight preparation pads each of gate and
+    up to 128 into new tensors (``align_fp4_moe_weights_for_fi``; the 32 new
+    rows, interleaved with the others by the kernel layout, and the new w2
+    columns all zero), and the layer keeps those."""
+    experts = build(
+        format_experts, "flashinfer_cutedsl", upstream=True, min_partition=1
+    )
     assert experts.intermediate_size_per_partition == 96
     w13, _, _, _, w2, _, _, _ = prepare(experts, "FLASHINFER_CUTEDSL")
     assert experts.moe_config.intermediate_size_per_partition == 128
@@ -88,3 +92,13 @@ def test_flashinfer_weight_prep_zero_pads_the_logical_96(
     assert bool((zero_rows.sum(dim=1) == 2 * 32).all())
     assert bool((w13[~zero_rows] != 0).all())
     assert w2[..., : 96 // 2].all() and not w2[..., 96 // 2 :].any()
+
+
+def test_flashinfer_weight_prep_keeps_the_plugin_partition(
+    format_experts, cuda_copies_stay_on_cpu
+):
+    experts = build(format_experts, "flashinfer_cutedsl")
+    assert experts.intermediate_size_per_partition == 128
+    w13, _, _, _, w2, _, _, _ = prepare(experts, "FLASHINFER_CUTEDSL")
+    assert experts.moe_config.intermediate_size_per_partition == 128
+    assert w13.shape[1] == 2 * 128 and w2.shape[2] * 2 == 128

@@ -1,5 +1,6 @@
 """Every pad the plugin allocates is zero before loading, in every format; a
-method without a rule keeps vLLM alone's partition, zeroed; each process says
+method without a rule (none learned either) keeps vLLM alone's partition,
+zeroed; each process says
 in one log line per method what it allocated."""
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import logging
 import pytest
 from torch import nn
 
-from tests.models.kimi_k3.kimi_k3_formats import PUBLISHED_FORMATS, UNCOVERED_FORMAT
+from tests.models.kimi_k3.kimi_k3_formats import LEARNED_FORMAT, PUBLISHED_FORMATS
 from tests.models.kimi_k3.test_never_worse_than_vllm_alone import PARTITIONS
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe import partition
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     routed_experts as routed_experts_partition,
 )
@@ -72,7 +74,7 @@ def test_every_pad_is_zero_before_loading(
         assert not tensor.any(), f"{fmt} on {backend}: {name} holds non-zero pad"
 
 
-@pytest.mark.parametrize("fmt", ["fp8-block", "w4a16", UNCOVERED_FORMAT])
+@pytest.mark.parametrize("fmt", ["fp8-block", "w4a16", LEARNED_FORMAT])
 def test_vllm_alone_leaves_its_pad_uninitialised(
     build_small, uninitialised_memory_is_visible, fmt
 ):
@@ -87,10 +89,14 @@ def test_vllm_alone_leaves_its_pad_uninitialised(
 
 
 def test_method_without_rule_keeps_vllm_alone_partition_zeroed(
-    build_small, uninitialised_memory_is_visible
+    build_small, uninitialised_memory_is_visible, monkeypatch
 ):
-    mine = build_small(UNCOVERED_FORMAT, "triton", Topology(32))
-    theirs = build_small(UNCOVERED_FORMAT, "triton", Topology(32), upstream=True)
+    """Where no rule can be had (a method whose ``create_weights`` needs
+    more of a real layer than ``learned_rule`` gives it: the rule is None),
+    vLLM alone's partition, every pad zero."""
+    monkeypatch.setattr(partition, "learned_rule", lambda method, config: None)
+    mine = build_small(LEARNED_FORMAT, "triton", Topology(32))
+    theirs = build_small(LEARNED_FORMAT, "triton", Topology(32), upstream=True)
     assert type(mine.quant_method).__name__ == "CompressedTensorsW8A8Fp8MoEMethod"
     assert not mine.quant_method.block_quant
     shapes = {n: p.shape for n, p in mine.named_parameters()}
@@ -110,7 +116,7 @@ def plugin_log(caplog, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("fmt", "backend", "expected"),
+    ("fmt", "backend", "expected", "topology"),
     [
         (  # the README's example
             "mxfp4",
@@ -118,6 +124,7 @@ def plugin_log(caplog, monkeypatch):
             "Kimi-K3 routed experts on Mxfp4MoEMethod (marlin): 128 intermediate "
             "rows per GPU (logical 96, vLLM alone 256); smallest partition "
             "accepted (the method's own maybe_roundup_sizes)",
+            Topology(32),
         ),
         (
             "fp8-block",
@@ -126,24 +133,38 @@ def plugin_log(caplog, monkeypatch):
             "128 intermediate rows per GPU (logical 96, vLLM alone 256); smallest "
             "partition accepted (pad_tp_shard_to_weight_blocks); whole 128-row "
             "groups per GPU, this GPU rows 0-127",
+            Topology(32),
         ),
         (
-            UNCOVERED_FORMAT,
+            LEARNED_FORMAT,
             "triton",
             "Kimi-K3 routed experts on CompressedTensorsW8A8Fp8MoEMethod (triton): "
-            "256 intermediate rows per GPU (logical 96, vLLM alone 256); no rule "
-            "for this method: vLLM alone's partition, zeroed",
+            "96 intermediate rows per GPU (logical 96, vLLM alone 256); smallest "
+            "partition accepted (learned from CompressedTensorsW8A8Fp8MoEMethod."
+            "create_weights: 1 rows per scale group)",
+            Topology(32),
+        ),
+        (  # a kernel that pads vLLM alone's partition again when it prepares
+            "w4a16",
+            "marlin",
+            "Kimi-K3 routed experts on CompressedTensorsWNA16MoEMethod (marlin): "
+            "128 intermediate rows per GPU (logical 96, vLLM alone 96, 128 once "
+            "its kernel pads them); smallest partition accepted (group_size "
+            "divisibility and check_moe_marlin_supports_config)",
+            Topology(8, dp_size=4),
         ),
     ],
 )
 def test_one_log_line_per_process_says_what_was_allocated(
-    build_small, plugin_log, fmt, backend, expected
+    build_small, plugin_log, fmt, backend, expected, topology
 ):
     for layer in (1, 2, 3):  # every MoE layer of a model allocates alike
         build_small(
-            fmt, backend, Topology(32), prefix=f"model.layers.{layer}.block_sparse_moe"
+            fmt, backend, topology, prefix=f"model.layers.{layer}.block_sparse_moe"
         )
-    (record,) = plugin_log.records
+    # the plugin's own records (vLLM's, propagated, may be there too)
+    name = routed_experts_partition.logger.name
+    (record,) = [r for r in plugin_log.records if r.name == name]
     assert record.levelno == logging.INFO
     assert record.getMessage() == f"vllm-kimi-k3-moe: {expected}"
 
