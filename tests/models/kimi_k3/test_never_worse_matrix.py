@@ -116,7 +116,11 @@ def test_never_worse_than_vllm_alone(format_experts, config):
                 continue
             assert isinstance(mine, Built), f"{where}: vLLM alone builds, {mine}"
             assert mine.kernel == theirs.kernel, where
-            assert mine.resident == mine.partition, f"{where}: padded again"
+            # no second pad at weight preparation, but where the plugin keeps
+            # vLLM alone's partition (no other builds on its kernel)
+            assert mine.resident == mine.partition or mine == theirs, (
+                f"{where}: padded again"
+            )
             if theirs.kernel_takes_it:
                 assert mine.partition <= theirs.resident, (
                     f"{where}: {mine.partition} > vLLM alone's {theirs.resident}"

@@ -70,7 +70,6 @@ class LayerAllocation:
 
         experts = kimi_moe.experts.routed_experts
         choice = getattr(experts, "kimi_k3_partition", None)
-        resident = getattr(choice, "upstream_resident", None)
         return cls(
             intermediate_per_rank=experts.intermediate_size_per_partition,
             local_experts=experts.local_num_experts,
@@ -79,9 +78,7 @@ class LayerAllocation:
             latent_bytes=total(LATENT_PARAMETERS),
             total_bytes=sum(sizes.values()),
             vllm_alone_refused=getattr(choice, "upstream_refused", None),
-            vllm_alone_resident=(
-                resident if resident != getattr(choice, "upstream", None) else None
-            ),
+            vllm_alone_resident=_resident_apart(choice),
         )
 
     def kept_by_its_kernel(self, rows: int, other: LayerAllocation) -> LayerAllocation:
@@ -100,6 +97,19 @@ class LayerAllocation:
             routed_bytes=self.routed_bytes + added,
             total_bytes=self.total_bytes + added,
         )
+
+
+def _resident_apart(choice: Any) -> int | None:
+    """The rows vLLM alone's kernel keeps, where its weight preparation pads
+    vLLM alone's partition again and the plugin allocates another one (the
+    two builds then give the bytes at those rows). Where the plugin keeps
+    vLLM alone's partition (no smaller one builds on its kernel), both are
+    sized as allocated."""
+    resident = getattr(choice, "upstream_resident", None)
+    upstream = getattr(choice, "upstream", None)
+    if resident in (None, upstream) or choice.allocated == upstream:
+        return None
+    return resident
 
 
 @dataclass(frozen=True)
