@@ -6,15 +6,17 @@
     along N, AWQ's interleave) int32 matrix to Marlin's [K / 16, N * 16 /
     pack] tiles, values unchanged; the op checks K % 16, N % 64 and the
     input's shape (``STD_TORCH_CHECK``), as the stand-in does. The stand-in
-    unpacks the values (vLLM's ``quant_utils.unpack_cols``) and hands them to
-    vLLM's Python reference of the op, ``marlin_utils_test.marlin_weights``
-    with ``get_weight_perm``: what vLLM's kernel test
-    (tests/kernels/quantization/test_marlin_gemm.py, ``test_gptq_marlin_repack``
-    and ``test_awq_marlin_repack``) holds the CUDA op to, bit for bit. So the
-    repacked tensor is the one the GPU would hold; ``unrepacked`` is its
-    exact inverse (the tile permutation read off ``marlin_permute_weights``
-    applied to element indices), for a test to read a prepared weight back
-    in the layout it was repacked from.
+    unpacks the values (vLLM's ``quant_utils.unpack_cols``) and lays them out
+    as vLLM's Python reference of the op does,
+    ``marlin_utils_test.marlin_weights`` with ``get_weight_perm``: what
+    vLLM's kernel test (tests/kernels/quantization/test_marlin_gemm.py,
+    ``test_gptq_marlin_repack`` and ``test_awq_marlin_repack``) holds the
+    CUDA op to, bit for bit. For time, its permutation
+    (``marlin_permute_weights``) is applied once per shape to the elements'
+    indices and gathered with, and its packing is ``quant_utils.pack_cols``
+    (the same shifts). So the repacked tensor is the one the GPU would hold;
+    ``unrepacked`` is its exact inverse, for a test to read a prepared
+    weight back in the layout it was repacked from.
 """
 
 from __future__ import annotations
@@ -79,13 +81,14 @@ def _check(b_q_weight: Any, shape: tuple[int, int], size_k: int, size_n: int) ->
 
 
 def _marlin_tiles(q_w: Any, size_k: int, size_n: int, num_bits: int, a8: bool) -> Any:
-    from vllm.model_executor.layers.quantization.utils.marlin_utils_test import (
-        get_weight_perm,
-        marlin_weights,
-    )
+    """``marlin_weights``: its permutation (``marlin_permute_weights``,
+    applied once per shape to element indices, ``_tile_positions``), then
+    its packing (``quant_utils.pack_cols``, the same shifts)."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import pack_cols
 
-    perm = get_weight_perm(num_bits, a8)
-    return marlin_weights(q_w, size_k, size_n, num_bits, perm, a8)
+    positions = _tile_positions(size_k, size_n, num_bits, a8)
+    tiles = q_w.reshape(-1)[positions].reshape(size_k // MARLIN_TILE, -1)
+    return pack_cols(tiles, num_bits, *tiles.shape)
 
 
 def _gptq_marlin_repack(
@@ -134,19 +137,20 @@ def unrepacked(
     )
 
     pack = _pack(num_bits)
+    experts = repacked.shape[0]
     size_n = repacked.shape[-1] * pack // MARLIN_TILE
     positions = _tile_positions(size_k, size_n, num_bits, is_a_8bit)
-    experts = []
-    for expert in repacked:
-        tiles = unpack_cols(
-            expert.contiguous(), num_bits, size_k // MARLIN_TILE, size_n * MARLIN_TILE
-        )
-        q_w = torch.empty(size_k * size_n, dtype=tiles.dtype)
-        q_w[positions] = tiles.reshape(-1)
-        q_w = q_w.reshape(size_k, size_n)
-        packing = gptq_pack if along_k else awq_pack
-        experts.append(packing(q_w, num_bits, size_k, size_n))
-    return torch.stack(experts)
+    tile_rows = experts * size_k // MARLIN_TILE
+    flat = repacked.reshape(tile_rows, -1).contiguous()
+    tiles = unpack_cols(flat, num_bits, tile_rows, size_n * MARLIN_TILE)
+    q_w = torch.empty_like(tiles).reshape(experts, -1)
+    q_w[:, positions] = tiles.reshape(experts, -1)
+    # packing runs along K (GPTQ) or along N (AWQ) within each expert alone
+    rows = q_w.reshape(experts * size_k, size_n)
+    packing = gptq_pack if along_k else awq_pack
+    return packing(rows, num_bits, experts * size_k, size_n).reshape(
+        experts, size_k // pack if along_k else size_k, -1
+    )
 
 
 @contextmanager

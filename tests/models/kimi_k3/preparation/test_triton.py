@@ -1,0 +1,116 @@
+"""vLLM's Triton MoE kernel (``--moe-backend triton``): FP8 in [128, 128]
+blocks and per output channel (compressed-tensors), and BF16 (Triton is the
+only NVIDIA kernel that runs Kimi-K3's SiTU unquantized). Its preparation
+(``convert_to_fp8_moe_kernel_format``, ``convert_to_unquantized_kernel_format``)
+lays nothing out again; run on the CPU at every layout the plugin gives each
+config, it hands the kernel what it assumes (``triton_kernel``): the loaded
+weights and scales as they were, the scales its quantization config reads
+(shape, blocks aligned to gate and up, finite, also on GPUs holding no rows),
+zero past the rows the GPU holds, no NaN weight, no more rows than the
+plugin allocated, the layer's config as the plugin left it.
+
+FP8 per tensor does not reach Triton: compressed-tensors gives per-tensor
+weights with dynamic activations a per-group activation key that Triton's
+FP8 schemes do not take (``test_fp8_per_tensor_does_not_reach_triton``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.kimi_k3.preparation.expert_rows import not_held
+from tests.models.kimi_k3.preparation.harness import (
+    PreparedRank,
+    prepare_rank,
+    representatives,
+)
+from tests.models.kimi_k3.preparation.triton_kernel import TritonGemm
+from vllm_kimi_k3_moe.tools.topology import Topology
+
+CONFIGS = ("fp8-block", "ct-fp8-channel", "bf16")
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().view(torch.uint8)
+
+
+def problems_of(prepared: PreparedRank) -> list[str]:
+    experts, choice, loaded = prepared.experts, prepared.choice, prepared.loaded
+    quant_config = experts.quant_method.moe_kernel.fused_experts.quant_config
+    block = quant_config.block_shape
+    rows = experts.w2_weight.shape[2]
+    held = prepared.case.rows
+    found = []
+    for name, gated, scales in (
+        ("w13", True, quant_config.w1_scale),
+        ("w2", False, quant_config.w2_scale),
+    ):
+        weight = getattr(experts, f"{name}_weight").data
+        parameter = getattr(experts, f"{name}_weight_scale", None)
+        if (scales is None) != (parameter is None) or (
+            scales is not None and scales.data_ptr() != parameter.data_ptr()
+        ):
+            found.append(f"{name}: the kernel's quant config holds other scales")
+        gemm = TritonGemm(
+            name,
+            weight,
+            scales,
+            None if block is None else tuple(block),
+            quant_config.per_act_token_quant,
+            gated,
+        )
+        found += gemm.problems()
+        for suffix in ("weight", "weight_scale"):
+            now = getattr(experts, f"{name}_{suffix}", None)
+            if now is not None and not torch.equal(
+                _bytes(now.data), _bytes(loaded[f"{name}_{suffix}"])
+            ):
+                found.append(f"{name}_{suffix} is not the loaded one")
+        beyond = (
+            not_held(weight, held, 1, True)
+            if gated
+            else not_held(weight, held, -1, False)
+        )
+        if any(part.any() for part in beyond):
+            found.append(f"{name}'s weights past the {held} rows held are not zero")
+        if not torch.isfinite(weight.float()).all():
+            found.append(f"{name}'s weights are not finite")
+    if (experts.w13_weight.shape[1], rows) != (2 * choice.allocated, choice.allocated):
+        found.append(f"preparation re-pads {choice.allocated} rows to {rows}")
+    config = experts.moe_config
+    if (config.intermediate_size_per_partition, config.hidden_dim) != (
+        choice.allocated,
+        prepared.width,
+    ):
+        found.append(
+            "preparation rewrote the layer's FusedMoEConfig to "
+            f"{config.intermediate_size_per_partition} rows, width {config.hidden_dim}"
+        )
+    return [f"{prepared.case.label()}: {problem}" for problem in found]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_triton_preparation_is_what_the_kernel_reads(
+    kimi_model, format_experts, config, one_cpu_thread
+):
+    from vllm.model_executor.layers.fused_moe.experts.triton_moe import (
+        TritonExperts,
+    )
+
+    cases = representatives(format_experts, config, "triton")
+    assert cases, f"{config}: the plugin builds no layout on Triton"
+    found = []
+    for case in cases:
+        prepared = prepare_rank(kimi_model, case)
+        assert prepared.experts.quant_method.experts_cls is TritonExperts
+        found += problems_of(prepared)
+    assert not found, "\n".join(found)
+
+
+def test_fp8_per_tensor_does_not_reach_triton(format_experts):
+    """Compressed-tensors FP8 per tensor with dynamic activations: vLLM
+    refuses Triton for it (``--moe-backend triton``), so nothing of the
+    plugin's is prepared for Triton there."""
+    with pytest.raises(ValueError, match="TRITON"):
+        format_experts("ct-fp8-tensor", "triton", Topology(1))
