@@ -41,6 +41,11 @@ from tests.models.kimi_k3.preparation.harness import (
     representatives,
     rows_held,
 )
+from tests.models.kimi_k3.preparation.kernel_inputs import (
+    REPADS,
+    kernel_input_problems,
+    layout_problems,
+)
 from tests.models.kimi_k3.preparation.marlin_kernel import (
     FP8_GROUPS,
     MXFP4_GROUPS,
@@ -69,8 +74,8 @@ CONFIGS = (
 # the plugin keeps vLLM alone's partition for them (no rule), which TP4 x DP8
 # (and TP32) makes 96, TP8 x DP8 48 and TP16 x DP8 32.
 REPADDED = {
-    "ct-fp8-channel": {96: 128, 48: 64, 32: 64},
-    "ct-fp8-tensor": {96: 128, 48: 64, 32: 64},
+    "ct-fp8-channel": frozenset({96, 48, 32}),  # -> 128, 64, 64
+    "ct-fp8-tensor": frozenset({96, 48, 32}),
 }
 REPAD_REASON = (
     "Marlin's FP8 preparation (prepare_fp8_moe_layer_for_marlin) pads FP8 per "
@@ -239,20 +244,8 @@ def problems_of(prepared: PreparedRank) -> list[str]:
     for gemm in gemms(prepared, rows):
         found += gemm.problems()
     found += weight_problems(prepared, rows)
-    if rows != choice.allocated:
-        found.append(
-            f"preparation {REPADS} {choice.allocated} rows to {rows}: "
-            f"{rows} resident, a second copy while it pads"
-        )
-    config = experts.moe_config
-    if (config.intermediate_size_per_partition, config.hidden_dim) != (
-        choice.allocated,
-        prepared.width,
-    ):
-        found.append(
-            "preparation rewrote the layer's FusedMoEConfig to "
-            f"{config.intermediate_size_per_partition} rows, width {config.hidden_dim}"
-        )
+    found += kernel_input_problems(experts)
+    found += layout_problems(experts, choice, prepared.width, rows)
     return [f"{prepared.case.label()}: {problem}" for problem in found]
 
 
@@ -267,6 +260,7 @@ def _prepared(kimi_model, case: PreparationCase) -> PreparedRank:
     intermediate = prepared.experts.moe_config.intermediate_size
     held = rows_held(prepared.choice, intermediate, case.topology)
     assert held[case.rank] == case.rows, case.label()
+    assert prepared.choice.allocated == case.allocated, case.label()
     return prepared
 
 
@@ -275,17 +269,14 @@ def _cases(format_experts, config: str, repadded: bool) -> list[PreparationCase]
     (``REPADDED``) or the others."""
     cases = representatives(format_experts, config, "marlin")
     assert cases, f"{config}: the plugin builds no layout on Marlin"
-    known = REPADDED.get(config, {})
-    if repadded:
-        assert {case.allocated for case in cases} >= set(known), config
+    known = REPADDED.get(config, frozenset())
+    gone = known - {case.allocated for case in cases}
+    assert not gone, f"{config}: the plugin allocates {sorted(gone)} no more"
     return [case for case in cases if (case.allocated in known) == repadded]
 
 
 class MarlinPadsAgain(AssertionError):
     """Marlin's preparation pads the plugin's partition again."""
-
-
-REPADS = "re-pads"  # how ``problems_of`` words it
 
 
 @pytest.mark.parametrize("config", CONFIGS)

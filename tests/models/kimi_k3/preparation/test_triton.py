@@ -25,6 +25,11 @@ from tests.models.kimi_k3.preparation.harness import (
     prepare_rank,
     representatives,
 )
+from tests.models.kimi_k3.preparation.kernel_inputs import (
+    kernel_input_problems,
+    layout_problems,
+    quant_config,
+)
 from tests.models.kimi_k3.preparation.triton_kernel import TritonGemm
 from vllm_kimi_k3_moe.tools.topology import Topology
 
@@ -37,27 +42,22 @@ def _bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def problems_of(prepared: PreparedRank) -> list[str]:
     experts, choice, loaded = prepared.experts, prepared.choice, prepared.loaded
-    quant_config = experts.quant_method.moe_kernel.fused_experts.quant_config
-    block = quant_config.block_shape
+    kernel = quant_config(experts)
+    block = kernel.block_shape
     rows = experts.w2_weight.shape[2]
     held = prepared.case.rows
     found = []
     for name, gated, scales in (
-        ("w13", True, quant_config.w1_scale),
-        ("w2", False, quant_config.w2_scale),
+        ("w13", True, kernel.w1_scale),
+        ("w2", False, kernel.w2_scale),
     ):
         weight = getattr(experts, f"{name}_weight").data
-        parameter = getattr(experts, f"{name}_weight_scale", None)
-        if (scales is None) != (parameter is None) or (
-            scales is not None and scales.data_ptr() != parameter.data_ptr()
-        ):
-            found.append(f"{name}: the kernel's quant config holds other scales")
         gemm = TritonGemm(
             name,
             weight,
             scales,
             None if block is None else tuple(block),
-            quant_config.per_act_token_quant,
+            kernel.per_act_token_quant,
             gated,
         )
         found += gemm.problems()
@@ -76,17 +76,10 @@ def problems_of(prepared: PreparedRank) -> list[str]:
             found.append(f"{name}'s weights past the {held} rows held are not zero")
         if not torch.isfinite(weight.float()).all():
             found.append(f"{name}'s weights are not finite")
-    if (experts.w13_weight.shape[1], rows) != (2 * choice.allocated, choice.allocated):
-        found.append(f"preparation re-pads {choice.allocated} rows to {rows}")
-    config = experts.moe_config
-    if (config.intermediate_size_per_partition, config.hidden_dim) != (
-        choice.allocated,
-        prepared.width,
-    ):
-        found.append(
-            "preparation rewrote the layer's FusedMoEConfig to "
-            f"{config.intermediate_size_per_partition} rows, width {config.hidden_dim}"
-        )
+    if experts.w13_weight.shape[1] != 2 * rows:
+        found.append(f"w13 holds {experts.w13_weight.shape[1]} rows, w2 {rows}")
+    found += kernel_input_problems(experts)
+    found += layout_problems(experts, choice, prepared.width, rows)
     return [f"{prepared.case.label()}: {problem}" for problem in found]
 
 
