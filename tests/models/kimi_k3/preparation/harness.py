@@ -23,7 +23,20 @@ from typing import Any
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from tests.models.kimi_k3.preparation import stand_ins
 from tests.models.kimi_k3.test_never_worse_matrix import TOPOLOGIES
-from vllm_kimi_k3_moe.formats import FormatError, recognise
+from vllm_kimi_k3_moe.formats import (
+    CheckpointFormat,
+    FormatError,
+    format_named,
+    recognise,
+)
+from vllm_kimi_k3_moe.formats.fp8_block import FP8_BLOCK
+from vllm_kimi_k3_moe.formats.layouts import (
+    FLOAT_SCALES,
+    SCALE,
+    ExpertScalar,
+    ExpertTensorLayout,
+    ExpertTensors,
+)
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     PartitionChoice,
 )
@@ -64,6 +77,50 @@ def configs_of(*formats: str) -> list[str]:
     return sorted(c for c in QUANTIZATION_CONFIGS if format_name(c) in formats)
 
 
+# The configs no registry format recognises, and the checkpoint each is
+# loaded from. Native MXFP4 is what vLLM rewrites the release's
+# mxfp4-pack-quantized to: the release's checkpoint (and config), loaded by
+# the same method. Compressed-tensors FP8 per output channel or per tensor:
+# FP8 weights as FP8 block's, one scale per row ([rows, 1]) or per tensor
+# ([1]), as compressed-tensors stores them; the config is their own.
+_FP8 = ExpertTensorLayout("weight", dtypes=("F8_E4M3",))
+_WHOLE_ROW = 1 << 30  # more input columns than any projection has: one scale
+UNRECOGNISED: dict[str, tuple[str, CheckpointFormat | None]] = {
+    "mxfp4": ("mxfp4", None),
+    "ct-fp8-channel": (
+        FP8_BLOCK.name,
+        CheckpointFormat(
+            FP8_BLOCK,
+            "compressed-tensors FP8 per channel",
+            ExpertTensors(
+                "FP8 channel",
+                (_FP8, ExpertTensorLayout(SCALE, _WHOLE_ROW, dtypes=FLOAT_SCALES)),
+            ),
+        ),
+    ),
+    "ct-fp8-tensor": (
+        FP8_BLOCK.name,
+        CheckpointFormat(
+            FP8_BLOCK,
+            "compressed-tensors FP8 per tensor",
+            ExpertTensors(
+                "FP8 tensor", (_FP8,), (ExpertScalar(SCALE, (1,), FLOAT_SCALES),)
+            ),
+        ),
+    ),
+}
+
+
+def checkpoint_format(config: str) -> CheckpointFormat:
+    """The checkpoint format ``config``'s synthetic layer is written in."""
+    if config not in UNRECOGNISED:
+        return recognise(QUANTIZATION_CONFIGS[config], None, config)
+    fmt, checkpoint = UNRECOGNISED[config]
+    if checkpoint is not None:
+        return checkpoint
+    return recognise(format_named(fmt).published_quantization_config(), None, fmt)
+
+
 @dataclass(frozen=True)
 class PreparationCase:
     """One GPU of a layout serving a config on a kernel."""
@@ -73,6 +130,7 @@ class PreparationCase:
     topology: Topology
     rank: int = 0  # flattened over DP: dp_rank * TP + tp_rank
     rows: int = 0  # checkpoint rows of every expert this GPU holds
+    allocated: int = 0  # the rows the plugin allocates there (representatives)
 
     def label(self) -> str:
         return (
@@ -82,7 +140,12 @@ class PreparationCase:
 
     def selftest_case(self) -> SelftestCase:
         config = QUANTIZATION_CONFIGS[self.config]
-        fmt = recognise(config, None, self.config).format.name
+        if self.config in UNRECOGNISED:
+            fmt, checkpoint = UNRECOGNISED[self.config]
+            if checkpoint is None:  # the format's published config
+                config = None
+        else:
+            fmt = recognise(config, None, self.config).format.name
         return SelftestCase(fmt, self.topology, self.backend, FEW_EXPERTS, config)
 
 
@@ -150,7 +213,7 @@ def _layer(config: str, topology: Topology) -> PreparedLayer:
     workdir = Path(_WORKDIR.name) / f"{config}-{topology.label().replace(' ', '-')}"
     workdir.mkdir()
     shape = moe_shape(case.text_config, topology, reduced_width=True)
-    fmt = case.checkpoint_format()
+    fmt = checkpoint_format(config)
     write_layer_config(workdir, case.text_config, shape, case.config())
     tensors = expert_tensors(fmt, shape)
     unrouted = SimpleNamespace(bias=torch.zeros(shape.experts))
@@ -220,7 +283,9 @@ def representatives(
                 topology.expert_parallel,
             )
             if key not in found:
-                found[key] = PreparationCase(config, backend, topology, rank, rows)
+                found[key] = PreparationCase(
+                    config, backend, topology, rank, rows, choice.allocated
+                )
     return list(found.values())
 
 

@@ -20,16 +20,74 @@ width, size_k = the rows):
   (``group_blocks``) dividing size_k;
 - packed zero points, where there are any, are ``[experts, groups,
   size_n / pack]``.
+
+For FP weights (csrc/moe/marlin_moe_wna16/generate_kernels.py, a newer
+snapshot than 0.33.0's; csrc/quantization/marlin/dequant.h):
+
+- the kernel is compiled for groups of 16 only with NVFP4 (FP8 E4M3 scales),
+  32 only with MXFP4 (E8M0 scales), and per channel or 128 only with FP8
+  weights (``QUANT_CONFIGS``' group_blocks, 16 rows each);
+- FP scale bytes are read four at a time, bytes 0 and 2 into the first pair
+  of values, 1 and 3 into the second (``dequant_fp8_scales``: "reverse
+  indexing is intentional"): vLLM stores each four in the order 0, 2, 1, 3;
+- an E8M0 byte becomes a BF16 exponent (byte 255 is NaN);
+- NVFP4 scales are FP8 E4M3 read as the kernel's S0E5M3 of the scale times
+  2^7 (``nvfp4_marlin_process_scales``' docstring), times one power of two
+  for the whole layer (vLLM divides the global scale by it);
+- FP8 weights are widened to BF16 by a bit shift without their exponent
+  bias (``dequant<..., kFE4M3fn, true>``, the scaled path), so the scale
+  carries it: BF16's 2^120 (FP16's 2^8), which vLLM folds into the scales
+  (``fp8_fused_exponent_bias_into_scales``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 THREAD_K_MIN = 64  # the smallest thread_k of any thread configuration
 THREAD_N_MIN = 128  # the smallest thread_n of any thread configuration
 GROUP_BLOCK = 16  # group_blocks = group_size / 16
+# the groups the kernel is compiled for, by weight type (-1: per channel)
+FP8_GROUPS = (-1, 128)
+NVFP4_GROUPS = (16,)
+MXFP4_GROUPS = (32,)
+FP_SCALE_ORDER = (0, 2, 1, 3)  # how each four FP scale bytes are stored
+BF16_FP8_EXPONENT_BIAS = 2.0**120  # 2^(2^7 - 2^3): BF16's bias less E4M3's
+NVFP4_SCALE_SHIFT = 2**7  # S0E5M3 holds the E4M3 scale times 2^7
+
+
+def _in_read_order(scales: Any) -> Any:
+    """FP scales as the kernel reads them: each four stored bytes taken in
+    ``FP_SCALE_ORDER`` (its own inverse)."""
+    order = list(FP_SCALE_ORDER)
+    return scales.reshape(-1, len(order))[:, order].reshape(scales.shape)
+
+
+def e8m0_scales(scales: Any) -> Any:
+    """MXFP4's E8M0 scales as values, in ``marlin_permute_scales``' layout."""
+    import torch
+
+    return _in_read_order(scales.view(torch.float8_e8m0fnu)).float()
+
+
+def nvfp4_scales(scales: Any) -> Any:
+    """NVFP4's stored scale bytes decoded as the kernel's S0E5M3 (the byte
+    is the high byte of an FP16 shifted left by one, sign dropped), divided
+    by 2^7: the checkpoint's scales times the layer's power of two."""
+    import torch
+
+    half = (scales.view(torch.uint8).to(torch.int16) << 7).view(torch.float16)
+    return _in_read_order(half).float() / NVFP4_SCALE_SHIFT
+
+
+def fp8_scales(scales: Any) -> Any:
+    """FP8 weights' BF16 scales without the exponent bias they carry."""
+    import torch
+
+    assert scales.dtype == torch.bfloat16, scales.dtype
+    return scales.float() / BF16_FP8_EXPONENT_BIAS
 
 
 def kernel_group(size_k: int, groups: int) -> int:
@@ -55,6 +113,13 @@ class MarlinGemm:
     # INT8 activations: vLLM stores grouped scales as int16 steps of the
     # layer's largest (``marlin_act_int8_process_scales``) in their place
     int8_scales: bool = False
+    # FP weights: the groups the kernel is compiled for (empty: unchecked),
+    # and the values the kernel reads from the stored scales (``e8m0_scales``
+    # ...), compared with the loaded scales' values; NVFP4's are those times
+    # one power of two for the layer (``common_power_of_two``)
+    groups: tuple[int, ...] = ()
+    read: Callable[[Any], Any] | None = None
+    common_power_of_two: bool = False
 
     def problems(self) -> list[str]:
         """Where the prepared GEMM breaks what the kernel assumes."""
@@ -75,6 +140,14 @@ class MarlinGemm:
         if group != -1 and (self.size_k % groups or group % GROUP_BLOCK):
             found.append(f"{where}: {groups} scale groups do not split size_k")
             return found
+        if self.groups and group not in self.groups:
+            found.append(
+                f"{where}: the kernel is compiled for groups of {self.groups}, "
+                f"not {group}"
+            )
+        if self.read is not None:
+            found += self.fp_scale_problems(where, group)
+            return found
         if not self.scales_read_right(group):
             found.append(
                 f"{where}: the kernel reads groups of {group} "
@@ -88,6 +161,43 @@ class MarlinGemm:
         ):
             found.append(f"{where}: zero points {tuple(self.zeros.shape)}")
         return found
+
+    def fp_scale_problems(self, where: str, group: int) -> list[str]:
+        """FP scales: the values the kernel reads, finite, are the loaded
+        ones laid out for the group it infers."""
+        import torch
+
+        assert self.read is not None
+        values = self.read(self.scales)
+        if not torch.isfinite(values).all():
+            return [f"{where}: scales not finite"]
+        expected = self.laid_out(self.loaded_scales.float(), group)
+        if self.common_power_of_two:
+            expected = expected * _common_power_of_two(values, expected)
+        if not torch.equal(values, expected):
+            return [
+                f"{where}: the kernel reads groups of {group} (size_k / scale "
+                "rows), the scales it reads are not the loaded ones laid out "
+                "for them"
+            ]
+        return []
+
+    def laid_out(self, scales: Any, group: int) -> Any:
+        """K-first ``[experts, groups, size_n]`` scales in the order
+        ``marlin_permute_scales`` writes for ``group``."""
+        import torch
+        from vllm.model_executor.layers.quantization.utils.marlin_utils import (
+            marlin_permute_scales,
+        )
+
+        return torch.stack(
+            [
+                marlin_permute_scales(
+                    expert.contiguous(), self.size_k, self.size_n, group, False
+                )
+                for expert in scales
+            ]
+        )
 
     def scales_read_right(self, group: int) -> bool:
         """Whether the prepared scales are the loaded ones as vLLM's own
@@ -120,3 +230,23 @@ class MarlinGemm:
                 expected.view(torch.int16), self.scales.view(torch.int16)
             )
         return torch.equal(expected, self.scales)
+
+
+def _common_power_of_two(values: Any, expected: Any) -> float:
+    """The power of two the first non-zero ``values`` is its ``expected``
+    times (1 where all are zero; NaN where it is none, so that nothing
+    equals it): the caller compares all of them with it."""
+    import math
+
+    nonzero = _first_nonzero(expected)
+    if nonzero is None:
+        return 1.0
+    ratio = float(values.reshape(-1)[nonzero] / expected.reshape(-1)[nonzero])
+    return ratio if ratio > 0 and math.log2(ratio).is_integer() else math.nan
+
+
+def _first_nonzero(tensor: Any) -> int | None:
+    """The flat index of ``tensor``'s first non-zero element, if any."""
+    flat = tensor.reshape(-1)
+    found = flat.nonzero()
+    return int(found[0]) if found.numel() else None

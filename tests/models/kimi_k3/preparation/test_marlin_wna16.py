@@ -110,7 +110,9 @@ def gemms(
     ]
 
 
-def weight_problems(prepared: PreparedRank, rows: int) -> list[str]:
+def weight_problems(
+    prepared: PreparedRank, rows: int, is_a_8bit: bool = False
+) -> list[str]:
     """The repacked w13 read back is the loaded one, gate and up each
     zero-padded to the prepared rows (the repack's stand-in keeps values)."""
     experts = prepared.experts
@@ -125,6 +127,7 @@ def weight_problems(prepared: PreparedRank, rows: int) -> list[str]:
         prepared.width,
         bits,
         names.packed_along_k,
+        is_a_8bit,
     )
     if not torch.equal(found, expected):
         return ["w13's weights are not the loaded ones with zero pads"]
@@ -144,7 +147,7 @@ def problems_of(
     for gemm in gemms(prepared, is_a_8bit, int8_scales):
         found += gemm.problems()
     rows = gemms(prepared)[0].size_n // 2
-    found += weight_problems(prepared, rows)
+    found += weight_problems(prepared, rows, is_a_8bit)
     if rows != prepared.choice.allocated:
         found.append(
             f"preparation re-pads {prepared.choice.allocated} rows to {rows}: "

@@ -10,13 +10,17 @@ permutations, swizzles, config rewrites) is vLLM's own Python and runs here
 as on the GPU.
 
 One module per kernel family, each with its own ledger entry per stand-in
-(what the real op does, what the stand-in keeps of it): ``marlin``. Each
+(what the real op does, what the stand-in keeps of it): ``marlin`` (the
+repacks), ``fp8`` (static FP8 quantization), ``deep_gemm`` (DeepGEMM's
+scale-factor transform and the device question vLLM asks before it). Each
 stand-in exists only inside ``on_cpu()`` and is removed on exit. A stand-in
-for a repack (a pure rearrangement of the same values into the kernel's
-tile order) keeps every value, so that a test can read the tensor back in
-the layout it had before (each module's ``unrepacked``-style helpers) and
-see where each value went; what it does not reproduce, the tile order the
-kernel was compiled for, only a GPU run shows.
+for a repack or a layout transform (a pure rearrangement of the same values
+into the kernel's order) keeps every value, so that a test can read the
+tensor back in the layout it had before (each module's ``unrepacked``-style
+helpers) and see where each value went; Marlin's reproduces the tile order
+itself, through vLLM's Python reference of the op. A stand-in for an op
+that computes new values says so, and the tests hold its output to the
+loaded tensors, not to the stand-in's formula.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from tests.models.kimi_k3.preparation.stand_ins import marlin
+from tests.models.kimi_k3.preparation.stand_ins import deep_gemm, fp8, marlin
 
-FAMILIES = (marlin,)
+FAMILIES = (marlin, fp8, deep_gemm)
 
 
 @contextmanager
