@@ -15,9 +15,11 @@ CUTLASS MXFP4 (``stand_ins.compressed_tensors_mxfp4_kernel``), its layouts
 are those the never-worse matrix builds (with every device check yes, that
 is CUTLASS's): each prepared rank is checked to be the layout it stands for.
 
-FP8 per channel and per tensor have no rule of the plugin (vLLM alone's
-partition), and Marlin pads their rows again where the partition is not a
-multiple of 64 (``REPADDED``).
+FP8 per channel and per tensor have no format of the registry: their rule
+is learned from the method (``learned_rule``), and Marlin's resident rows
+(``prepare_fp8_moe_layer_for_marlin`` pads to
+``marlin_moe_padded_intermediate(n, -1)``, a multiple of 64) are what the
+plugin allocates for them, as for every format.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ from tests.models.kimi_k3.preparation.harness import (
     rows_held,
 )
 from tests.models.kimi_k3.preparation.kernel_inputs import (
-    REPADS,
     kernel_input_problems,
     layout_problems,
 )
@@ -65,23 +66,6 @@ CONFIGS = (
     "fp8-block",
     "ct-fp8-channel",
     "ct-fp8-tensor",
-)
-
-# The partitions whose rows Marlin pads again: vLLM's
-# ``prepare_fp8_moe_layer_for_marlin`` (marlin_utils_fp8.py) pads FP8 per
-# channel and per tensor to ``marlin_moe_padded_intermediate(n, -1)``, a
-# multiple of 64, keeping the padded copy (and holding both while it pads);
-# the plugin keeps vLLM alone's partition for them (no rule), which TP4 x DP8
-# (and TP32) makes 96, TP8 x DP8 48 and TP16 x DP8 32.
-REPADDED = {
-    "ct-fp8-channel": frozenset({96, 48, 32}),  # -> 128, 64, 64
-    "ct-fp8-tensor": frozenset({96, 48, 32}),
-}
-REPAD_REASON = (
-    "Marlin's FP8 preparation (prepare_fp8_moe_layer_for_marlin) pads FP8 per "
-    "channel / per tensor rows to marlin_moe_padded_intermediate(n, -1), a "
-    "multiple of 64: 96 -> 128, 48 -> 64, 32 -> 64; the plugin keeps vLLM "
-    "alone's partition for these formats (no partition rule)"
 )
 
 
@@ -264,19 +248,11 @@ def _prepared(kimi_model, case: PreparationCase) -> PreparedRank:
     return prepared
 
 
-def _cases(format_experts, config: str, repadded: bool) -> list[PreparationCase]:
-    """The config's layouts on Marlin, those Marlin pads again
-    (``REPADDED``) or the others."""
+def _cases(format_experts, config: str) -> list[PreparationCase]:
+    """The config's layouts on Marlin."""
     cases = representatives(format_experts, config, "marlin")
     assert cases, f"{config}: the plugin builds no layout on Marlin"
-    known = REPADDED.get(config, frozenset())
-    gone = known - {case.allocated for case in cases}
-    assert not gone, f"{config}: the plugin allocates {sorted(gone)} no more"
-    return [case for case in cases if (case.allocated in known) == repadded]
-
-
-class MarlinPadsAgain(AssertionError):
-    """Marlin's preparation pads the plugin's partition again."""
+    return cases
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -284,32 +260,6 @@ def test_marlin_fp_preparation_is_what_the_kernel_reads(
     kimi_model, format_experts, config, one_cpu_thread
 ):
     found = []
-    for case in _cases(format_experts, config, repadded=False):
+    for case in _cases(format_experts, config):
         found += problems_of(_prepared(kimi_model, case))
     assert not found, "\n".join(found)
-
-
-@pytest.mark.parametrize(
-    "config",
-    [
-        pytest.param(
-            config,
-            marks=pytest.mark.xfail(
-                strict=True, raises=MarlinPadsAgain, reason=REPAD_REASON
-            ),
-        )
-        for config in REPADDED
-    ],
-)
-def test_marlin_fp8_channel_and_tensor_keep_their_partition(
-    kimi_model, format_experts, config, one_cpu_thread
-):
-    """FP8 per channel and per tensor at the partitions Marlin pads again
-    (``REPADDED``): every other property holds; the re-pad is the defect."""
-    found = []
-    for case in _cases(format_experts, config, repadded=True):
-        found += problems_of(_prepared(kimi_model, case))
-    others = [problem for problem in found if REPADS not in problem]
-    assert not others, "\n".join(others)
-    if found:
-        raise MarlinPadsAgain("\n".join(found))
