@@ -23,7 +23,19 @@ from typing import Any
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from tests.models.kimi_k3.preparation import stand_ins
 from tests.models.kimi_k3.test_never_worse_matrix import TOPOLOGIES
-from vllm_kimi_k3_moe.formats import FormatError, recognise
+from vllm_kimi_k3_moe.formats import (
+    FORMAT_NAMES,
+    CheckpointFormat,
+    FormatError,
+    fp8_block,
+    recognise,
+)
+from vllm_kimi_k3_moe.formats.layouts import (
+    SCALE,
+    ExpertScalar,
+    ExpertTensorLayout,
+    ExpertTensors,
+)
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     PartitionChoice,
 )
@@ -82,8 +94,59 @@ class PreparationCase:
 
     def selftest_case(self) -> SelftestCase:
         config = QUANTIZATION_CONFIGS[self.config]
+        if self.config in UNREGISTERED:  # a method no format record loads
+            return UnregisteredCase(
+                fp8_block.FP8_BLOCK.name,
+                self.topology,
+                self.backend,
+                FEW_EXPERTS,
+                config,
+                layout=UNREGISTERED[self.config],
+            )
+        if self.config in FORMAT_NAMES and format_name(self.config) is None:
+            # native MXFP4: the published checkpoint, which vLLM rewrites to it
+            return SelftestCase(self.config, self.topology, self.backend, FEW_EXPERTS)
         fmt = recognise(config, None, self.config).format.name
         return SelftestCase(fmt, self.topology, self.backend, FEW_EXPERTS, config)
+
+
+# A per-channel scale is one group the whole input wide: ``ExpertTensorLayout``
+# divides the input by this (ceil) to one column.
+WHOLE_INPUT = 1 << 30
+# Checkpoint tensors of the compressed-tensors FP8 configs no format record
+# names (per output channel, per tensor): float8 weights and float32 scales
+# as llm-compressor writes them, which ``CompressedTensorsW8A8Fp8MoEMethod``
+# loads (its ``create_weights``: ``[E, rows, 1]`` per channel, one per
+# projection per tensor).
+UNREGISTERED = {
+    "ct-fp8-channel": ExpertTensors(
+        "FP8 channel",
+        (
+            ExpertTensorLayout("weight", dtypes=("F8_E4M3",)),
+            ExpertTensorLayout(SCALE, WHOLE_INPUT, dtypes=("F32",)),
+        ),
+    ),
+    "ct-fp8-tensor": ExpertTensors(
+        "FP8 tensor",
+        (ExpertTensorLayout("weight", dtypes=("F8_E4M3",)),),
+        (ExpertScalar(SCALE, (1,), ("F32",)),),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class UnregisteredCase(SelftestCase):
+    """A selftest case whose checkpoint no format record describes: written
+    in ``layout``. Its ``quantization`` names the FP8 record (what the
+    selftest's kernel selection reads: no compressed-tensors MXFP4)."""
+
+    layout: ExpertTensors | None = None
+
+    def checkpoint_format(self) -> CheckpointFormat:
+        assert self.layout is not None
+        return CheckpointFormat(
+            fp8_block.FP8_BLOCK, self.layout.label, self.layout, row_group=1
+        )
 
 
 @dataclass

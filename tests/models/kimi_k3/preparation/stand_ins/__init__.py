@@ -10,7 +10,8 @@ permutations, swizzles, config rewrites) is vLLM's own Python and runs here
 as on the GPU.
 
 One module per kernel family, each with its own ledger entry per stand-in
-(what the real op does, what the stand-in keeps of it): ``marlin``. Each
+(what the real op does, what the stand-in keeps of it): ``marlin``,
+``flashinfer``. Each
 stand-in exists only inside ``on_cpu()`` and is removed on exit. A stand-in
 for a repack (a pure rearrangement of the same values into the kernel's
 tile order) keeps every value, so that a test can read the tensor back in
@@ -24,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from tests.models.kimi_k3.preparation.stand_ins import marlin
+from tests.models.kimi_k3.preparation.stand_ins import flashinfer, marlin
 
-FAMILIES = (marlin,)
+FAMILIES = (marlin, flashinfer)
 
 
 @contextmanager
