@@ -252,8 +252,9 @@ def rows_held(
     gpus = topology.moe_group
     if topology.expert_parallel:
         return [intermediate] * gpus
-    if not choice.whole_groups:
-        return [intermediate // gpus] * gpus
+    if not choice.whole_groups:  # the even slice (vLLM alone's model-level
+        # padding, where the plugin keeps it, adds zero rows, not checkpoint's)
+        return [choice.logical] * gpus
     n = choice.allocated
     return [
         max(0, min(intermediate, (r + 1) * n) - min(intermediate, r * n))
