@@ -85,6 +85,7 @@ class PreparationCase:
     topology: Topology
     rank: int = 0  # flattened over DP: dp_rank * TP + tp_rank
     rows: int = 0  # checkpoint rows of every expert this GPU holds
+    method: str = ""  # the vLLM MoE method built there (its class name)
 
     def label(self) -> str:
         return (
@@ -237,7 +238,9 @@ def prepare_rank(kimi_model: ModuleType, case: PreparationCase) -> PreparedRank:
         tp_rank=case.rank % topology.tp_size,
         dp_rank=case.rank // topology.tp_size,
     )
-    with loaded_rank(path, selftest, kimi_model, layer, rank) as loaded:
+    with loaded_rank(
+        path, selftest, kimi_model, layer, rank, building=stand_ins.loading
+    ) as loaded:
         experts = loaded.experts
         return PreparedRank(
             case, experts, path.loaded, experts.kimi_k3_partition, layer.shape.width
@@ -282,9 +285,13 @@ def representatives(
                 rows,
                 choice.whole_groups,
                 topology.expert_parallel,
+                type(experts.quant_method).__name__,
             )
             if key not in found:
-                found[key] = PreparationCase(config, backend, topology, rank, rows)
+                method = type(experts.quant_method).__name__
+                found[key] = PreparationCase(
+                    config, backend, topology, rank, rows, method
+                )
     return list(found.values())
 
 

@@ -11,7 +11,7 @@ as on the GPU.
 
 One module per kernel family, each with its own ledger entry per stand-in
 (what the real op does, what the stand-in keeps of it): ``marlin``,
-``flashinfer``. Each
+``flashinfer``, ``humming``, ``scaled_fp8``. Each
 stand-in exists only inside ``on_cpu()`` and is removed on exit. A stand-in
 for a repack (a pure rearrangement of the same values into the kernel's
 tile order) keeps every value, so that a test can read the tensor back in
@@ -25,9 +25,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from tests.models.kimi_k3.preparation.stand_ins import flashinfer, marlin
+from tests.models.kimi_k3.preparation.stand_ins import (
+    flashinfer,
+    humming,
+    marlin,
+    scaled_fp8,
+)
 
-FAMILIES = (marlin, flashinfer)
+FAMILIES = (marlin, flashinfer, humming, scaled_fp8)
 
 
 @contextmanager
@@ -36,4 +41,15 @@ def on_cpu() -> Iterator[None]:
     with ExitStack() as stack:
         for family in FAMILIES:
             stack.enter_context(family.stand_ins())
+        yield
+
+
+@contextmanager
+def loading() -> Iterator[None]:
+    """What some methods' weight loaders ask of a GPU, while a rank is built
+    and loaded: each family's ``loading()``, where it has one."""
+    with ExitStack() as stack:
+        for family in FAMILIES:
+            if hasattr(family, "loading"):
+                stack.enter_context(family.loading())
         yield

@@ -30,6 +30,7 @@ MXFP4 and CUTLASS preparations, kept as values.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -106,28 +107,36 @@ def _identity(tensor: Any, *args: Any, **kwargs: Any) -> Any:
 
 @contextmanager
 def stand_ins() -> Iterator[None]:
-    """The swizzle wherever vLLM imports it from, ``.cuda()`` and the current
-    device, for the block."""
-    import flashinfer
-    import flashinfer.fp4_quantization
-    import flashinfer.quantization.fp4_quantization
+    """The swizzle wherever vLLM imports it from, ``.cuda()``, the current
+    device and b12x's capture check, for the block. FlashInfer (a long
+    import) is stood in only where a kernel built here imported it, and b12x
+    only where a b12x kernel was built: vLLM imports both when it selects
+    one of their kernels."""
     import torch
-    from vllm.model_executor.layers.fused_moe import b12x
 
     names = ("block_scale_interleave", "nvfp4_block_scale_interleave")
     with ExitStack() as stack:
-        for module in (
-            flashinfer,
-            flashinfer.fp4_quantization,
-            flashinfer.quantization.fp4_quantization,
-        ):
-            swizzles = {n: _block_scale_interleave for n in names if hasattr(module, n)}
-            stack.enter_context(replaced_attributes(module, **swizzles))
+        if "flashinfer" in sys.modules:
+            import flashinfer
+            import flashinfer.fp4_quantization
+            import flashinfer.quantization.fp4_quantization
+
+            for module in (
+                flashinfer,
+                flashinfer.fp4_quantization,
+                flashinfer.quantization.fp4_quantization,
+            ):
+                swizzles = {
+                    n: _block_scale_interleave for n in names if hasattr(module, n)
+                }
+                stack.enter_context(replaced_attributes(module, **swizzles))
+        b12x = sys.modules.get("vllm.model_executor.layers.fused_moe.b12x")
+        if b12x is not None:
+            stack.enter_context(
+                replaced_attributes(b12x, _is_current_stream_capturing=lambda: False)
+            )
         stack.enter_context(replaced_attributes(torch.Tensor, cuda=_identity))
         stack.enter_context(
             replaced_attributes(torch.accelerator, current_device_index=lambda: "cpu")
-        )
-        stack.enter_context(
-            replaced_attributes(b12x, _is_current_stream_capturing=lambda: False)
         )
         yield
