@@ -208,15 +208,11 @@ def pads_loaded_zero(prepared: PreparedRank, gemm: HummingGemm) -> list[str]:
         scales = loaded.scales
         if scales is not None:
             scales = scales.view(scales.shape[0], 2, rows, -1)[:, :, held:]
-    else:
+    else:  # w2: the rows are its inputs, in groups (integers: whole groups)
         codes = loaded.codes[..., held:]
-        scales = (
-            None
-            if loaded.scales is None
-            else loaded.scales[
-                ..., held // max(loaded.group, 1) + bool(held % max(loaded.group, 1)) :
-            ]
-        )
+        scales = loaded.scales
+        if scales is not None and loaded.group:
+            scales = scales[..., -(-held // loaded.group) :]
     if bool(codes.any()):
         found.append(f"{gemm.name}: codes past the {held} rows held are not zero")
     integer = gemm.config.b_dtype.is_integer_type

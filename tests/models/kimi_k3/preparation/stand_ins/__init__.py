@@ -11,8 +11,13 @@ as on the GPU.
 
 One module per kernel family, each with its own ledger entry per stand-in
 (what the real op does, what the stand-in keeps of it): ``marlin``,
-``flashinfer``, ``humming``, ``scaled_fp8``. Each
-stand-in exists only inside ``on_cpu()`` and is removed on exit. A stand-in
+``flashinfer`` (FlashInfer's scale swizzle, b12x's capture check, and the
+``.cuda()`` of vLLM's own swizzle), ``humming`` (its repack, a stand-in
+Hopper, and its tile heuristics asked for a few token counts only: the one
+stand-in for pure Python, there for time), ``scaled_fp8`` (vLLM's static
+FP8 quantization, which computes values). Each stand-in exists only inside
+``on_cpu()`` (or, for what a weight loader asks of a GPU, ``loading()``)
+and is removed on exit. A stand-in
 for a repack (a pure rearrangement of the same values into the kernel's
 tile order) keeps every value, so that a test can read the tensor back in
 the layout it had before (each module's ``unrepacked``-style helpers) and
