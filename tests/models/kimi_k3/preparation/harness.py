@@ -131,6 +131,7 @@ class PreparationCase:
     rank: int = 0  # flattened over DP: dp_rank * TP + tp_rank
     rows: int = 0  # checkpoint rows of every expert this GPU holds
     allocated: int = 0  # the rows the plugin allocates there (representatives)
+    method: str = ""  # the vLLM MoE method built there (its class name)
 
     def label(self) -> str:
         return (
@@ -237,7 +238,9 @@ def prepare_rank(kimi_model: ModuleType, case: PreparationCase) -> PreparedRank:
         tp_rank=case.rank % topology.tp_size,
         dp_rank=case.rank // topology.tp_size,
     )
-    with loaded_rank(path, selftest, kimi_model, layer, rank) as loaded:
+    with loaded_rank(
+        path, selftest, kimi_model, layer, rank, building=stand_ins.loading
+    ) as loaded:
         experts = loaded.experts
         return PreparedRank(
             case, experts, path.loaded, experts.kimi_k3_partition, layer.shape.width
@@ -252,8 +255,9 @@ def rows_held(
     gpus = topology.moe_group
     if topology.expert_parallel:
         return [intermediate] * gpus
-    if not choice.whole_groups:
-        return [intermediate // gpus] * gpus
+    if not choice.whole_groups:  # the even slice (vLLM alone's model-level
+        # padding, where the plugin keeps it, adds zero rows, not checkpoint's)
+        return [choice.logical] * gpus
     n = choice.allocated
     return [
         max(0, min(intermediate, (r + 1) * n) - min(intermediate, r * n))
@@ -276,15 +280,17 @@ def representatives(
         choice = experts.kimi_k3_partition
         held = rows_held(choice, experts.moe_config.intermediate_size, topology)
         for rank, rows in enumerate(held):
+            method = type(experts.quant_method).__name__
             key = (
                 choice.allocated,
                 rows,
                 choice.whole_groups,
                 topology.expert_parallel,
+                method,
             )
             if key not in found:
                 found[key] = PreparationCase(
-                    config, backend, topology, rank, rows, choice.allocated
+                    config, backend, topology, rank, rows, choice.allocated, method
                 )
     return list(found.values())
 

@@ -11,16 +11,21 @@ as on the GPU.
 
 One module per kernel family, each with its own ledger entry per stand-in
 (what the real op does, what the stand-in keeps of it): ``marlin`` (the
-repacks), ``fp8`` (static FP8 quantization), ``deep_gemm`` (DeepGEMM's
-scale-factor transform and the device question vLLM asks before it). Each
-stand-in exists only inside ``on_cpu()`` and is removed on exit. A stand-in
-for a repack or a layout transform (a pure rearrangement of the same values
-into the kernel's order) keeps every value, so that a test can read the
-tensor back in the layout it had before (each module's ``unrepacked``-style
-helpers) and see where each value went; Marlin's reproduces the tile order
-itself, through vLLM's Python reference of the op. A stand-in for an op
-that computes new values says so, and the tests hold its output to the
-loaded tensors, not to the stand-in's formula.
+repacks, in the kernel's own tile order through vLLM's Python reference of
+the op), ``deep_gemm`` (DeepGEMM's scale-factor transform and the device
+question vLLM asks before it), ``flashinfer`` (FlashInfer's scale swizzle,
+b12x's capture check, and the ``.cuda()`` of vLLM's own swizzle),
+``humming`` (its repack, a stand-in Hopper, and its tile heuristics asked
+for a few token counts only: the one stand-in for pure Python, there for
+time), ``scaled_fp8`` (vLLM's static FP8 quantization, which computes
+values). Each stand-in exists only inside ``on_cpu()`` (or, for what a
+weight loader asks of a GPU, ``loading()``) and is removed on exit. A
+stand-in for a repack or a layout transform (a pure rearrangement of the
+same values into the kernel's order) keeps every value, so that a test can
+read the tensor back in the layout it had before (each module's
+``unrepacked``-style helpers) and see where each value went. A stand-in for
+an op that computes new values says so, and the tests hold its output to
+the loaded tensors, not to the stand-in's formula.
 """
 
 from __future__ import annotations
@@ -28,9 +33,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from tests.models.kimi_k3.preparation.stand_ins import deep_gemm, fp8, marlin
+from tests.models.kimi_k3.preparation.stand_ins import (
+    deep_gemm,
+    flashinfer,
+    humming,
+    marlin,
+    scaled_fp8,
+)
 
-FAMILIES = (marlin, fp8, deep_gemm)
+FAMILIES = (marlin, deep_gemm, flashinfer, humming, scaled_fp8)
 
 
 @contextmanager
@@ -39,4 +50,15 @@ def on_cpu() -> Iterator[None]:
     with ExitStack() as stack:
         for family in FAMILIES:
             stack.enter_context(family.stand_ins())
+        yield
+
+
+@contextmanager
+def loading() -> Iterator[None]:
+    """What some methods' weight loaders ask of a GPU, while a rank is built
+    and loaded: each family's ``loading()``, where it has one."""
+    with ExitStack() as stack:
+        for family in FAMILIES:
+            if hasattr(family, "loading"):
+                stack.enter_context(family.loading())
         yield
