@@ -32,6 +32,12 @@ NVFP4_PADDING_GATED = ("flashinfer_trtllm", "flashinfer_cutedsl", "b12x")
 MARLIN = ("marlin", "batched_marlin")
 
 # Where vLLM 0.33.0's MoE methods keep the backend they selected.
+# vLLM's CUTLASS grouped GEMM for FP8 (``TritonOrCutlassExperts``) reads its
+# operands 128 bits at a time along K (csrc grouped_mm_c3x.cuh: AlignmentAB =
+# 128 / 8 bits): w2's K is the rows, so a partition of rows not a multiple of
+# 16 FP8 values is refused by the kernel, not padded.
+CUTLASS_FP8_ROWS = 16
+
 BACKEND_ATTRIBUTES = (
     "mxfp4_backend",
     "fp8_backend",
@@ -76,3 +82,11 @@ def kernel_keeps(method: Any, n: int, group: int) -> int:
     if backend in NVFP4_PADDING_GATED and hasattr(method, "nvfp4_backend"):
         return round_up(n, GATED_FP4_ROWS)
     return n
+
+
+def kernel_takes(method: Any, n: int) -> bool:
+    """Whether ``method``'s kernel runs a partition of ``n`` rows at all
+    (where no check of vLLM's refuses it before)."""
+    if backend_name(method) == "vllm_cutlass" and hasattr(method, "fp8_backend"):
+        return n % CUTLASS_FP8_ROWS == 0
+    return True

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_kimi_k3_moe.formats.kernel_padding import kernel_keeps
+from vllm_kimi_k3_moe.formats.kernel_padding import kernel_keeps, kernel_takes
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
 
 RoundUp = Callable[[int], int]  # n -> the method's own rounding of n
@@ -70,6 +70,7 @@ class PartitionRule:
             if (
                 round_up(n) == n
                 and self.resident(method, n) == n
+                and kernel_takes(method, n)
                 and (self.accepts is None or self.accepts(method, hidden, n))
             ):
                 yield n

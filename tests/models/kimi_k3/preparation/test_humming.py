@@ -45,11 +45,12 @@ FALLBACK = "MoeWNA16Method"  # AutoAWQ's and AutoGPTQ's fallback kernel
 AWQ_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # AutoAWQ's packing, read back in order
 FP8_BLOCK = 128
 
-# vLLM alone's partition, which the plugin keeps where it has no rule for the
-# method, is padded again by Humming (pad_n_to_multiple=256 of 2 x rows,
-# pad_k_to_multiple=128 of the rows).
+# vLLM alone's partition, which the plugin keeps where no other one builds on
+# the method's kernel (AutoAWQ's and AutoGPTQ's fallback exists only where
+# Marlin refuses the partition), is padded again by Humming
+# (pad_n_to_multiple=256 of 2 x rows, pad_k_to_multiple=128 of the rows).
 KEPT_AND_PADDED = (
-    "the plugin has no partition rule for {method}: it keeps vLLM alone's "
+    "no other partition builds {method}: the plugin keeps vLLM alone's "
     "partition, 192 rows (TP2 x DP8, TP4 x DP4, TP8 x DP2), 96 (TP4 x DP8, "
     "TP8 x DP4), 48 (TP8 x DP8), 64 (TP16 x DP4, TP32 x DP4), 32 (TP16 x DP8, "
     "TP32 x DP8), which Humming pads to a multiple of 128 rows (2 x rows to 256 "
@@ -57,20 +58,13 @@ KEPT_AND_PADDED = (
     "_prepare_and_transform_sublayer): 256 or 128 resident, a second copy "
     "while it pads"
 )
-FP8_KEPT = pytest.mark.xfail(
-    strict=True,
-    reason=KEPT_AND_PADDED.format(
-        method="CompressedTensorsW8A8Fp8MoEMethod per channel or per tensor"
-    ),
-)
-
 CONFIGS = [
     "mxfp4",
     "nvfp4",
     "modelopt-nvfp4",
     "fp8-block",
-    pytest.param("ct-fp8-channel", marks=FP8_KEPT),
-    pytest.param("ct-fp8-tensor", marks=FP8_KEPT),
+    "ct-fp8-channel",
+    "ct-fp8-tensor",
     "ct-int4-g32-sym",
     "ct-int4-g32-asym",
     "ct-int4-g64-sym",
