@@ -130,6 +130,11 @@ def _hold_back(*args: Any, **kwargs: Any) -> None:
     them, remembers nothing, so the layer's own build still logs once."""
 
 
+def _drop(record: logging.LogRecord) -> bool:
+    """A handler filter that lets no record through."""
+    return False
+
+
 @contextmanager
 def logging_held_back() -> Iterator[None]:
     """vLLM's log records dropped for the block, its log-once memory left
@@ -138,13 +143,18 @@ def logging_held_back() -> Iterator[None]:
     import vllm.logger as vllm_logger
 
     once = [f"_print_{level}_once" for level in ("debug", "info", "warning", "error")]
-    previous = logging.root.manager.disable
+    # A filter on the handlers that print, not ``logging.disable``: that one
+    # clears every logger's level cache each time (milliseconds, for each
+    # trial of each layer of a model).
+    handlers = {*logging.getLogger().handlers, *logging.getLogger("vllm").handlers}
     with replaced_attributes(vllm_logger, **dict.fromkeys(once, _hold_back)):
-        logging.disable(logging.CRITICAL)
+        for handler in handlers:
+            handler.addFilter(_drop)
         try:
             yield
         finally:
-            logging.disable(previous)
+            for handler in handlers:
+                handler.removeFilter(_drop)
 
 
 def rule_of(method: Any, config: Any) -> PartitionRule | None:
