@@ -22,7 +22,7 @@ from typing import Any
 
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from tests.models.kimi_k3.preparation import stand_ins
-from tests.models.kimi_k3.test_never_worse_matrix import TOPOLOGIES
+from tests.models.kimi_k3.test_never_worse_matrix import TOPOLOGIES, Built, outcome
 from vllm_kimi_k3_moe.formats import (
     CheckpointFormat,
     FormatError,
@@ -270,26 +270,24 @@ def representatives(
 ) -> list[PreparationCase]:
     """One GPU of each distinct layout the plugin gives ``config`` on
     ``backend`` over the never-worse matrix's topologies (rank 0's choice,
-    built on the meta device); where vLLM refuses a topology, none."""
+    built on the meta device, as the matrix builds it: once a session);
+    where vLLM refuses a topology, none."""
     found: dict[tuple[Any, ...], PreparationCase] = {}
     for topology in TOPOLOGIES:
-        try:
-            experts = format_experts(config, backend, topology)
-        except Exception:  # vLLM refuses it: nothing is prepared there
+        built = outcome(format_experts, config, backend, topology)
+        if not isinstance(built, Built):  # vLLM refuses it: nothing to prepare
             continue
-        choice = experts.kimi_k3_partition
-        held = rows_held(choice, experts.moe_config.intermediate_size, topology)
+        choice, method = built.choice, built.kernel[0]
+        held = rows_held(choice, built.intermediate, topology)
         for rank, rows in enumerate(held):
-            method = type(experts.quant_method).__name__
             key = (
                 choice.allocated,
                 rows,
                 choice.whole_groups,
                 topology.expert_parallel,
-                method,
             )
-            if key not in found:
-                found[key] = PreparationCase(
+            if (*key, method) not in found:
+                found[(*key, method)] = PreparationCase(
                     config, backend, topology, rank, rows, choice.allocated, method
                 )
     return list(found.values())
