@@ -28,6 +28,7 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     add_context_parallel,
     add_dp_and_ep,
     fail,
+    no_background_kernel_builds,
     positive_int,
     quiet_vllm,
 )
@@ -198,6 +199,7 @@ def _asked(args: argparse.Namespace) -> CheckInput:
 
 
 def run(args: argparse.Namespace) -> int:
+    no_background_kernel_builds()  # vLLM's parser and model on the meta device only
     try:  # refuses what it cannot use before reading the shards
         asked = _asked(args)
         validate_prefill_context_parallel(asked.pcp_size)

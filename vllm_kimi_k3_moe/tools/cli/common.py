@@ -1,6 +1,7 @@
 """What every subcommand's parser shares: one-line errors, number parsing,
-the topology options (DP, EP, DCP, PCP), the format and kernel options, and
-vLLM's logs kept off stdout."""
+the topology options (DP, EP, DCP, PCP), the format and kernel options,
+vLLM's logs kept off stdout, and no background kernel builds in a CPU-only
+tool process."""
 
 from __future__ import annotations
 
@@ -17,6 +18,22 @@ from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS
 
 PROG = "vllm-kimi-k3-moe"
 USAGE_ERROR = 2
+
+# humming (a vLLM 0.33.0 dependency, imported with vLLM's MoE kernels) starts
+# two Python processes the moment it is imported, building its CUDA launcher
+# and its NVRTC helper in the background (humming/ops/utils.py,
+# humming/utils/nvrtc.py), unless this variable is exactly "1"; with it, each
+# is built in the process that first launches a humming kernel. A tool that
+# runs vLLM on the CPU never launches one: there the two builds only compete
+# for the cores (each imports torch).
+HUMMING_BACKGROUND_BUILDS = "HUMMING_DISABLE_PARALLEL_BUILD"
+
+
+def no_background_kernel_builds() -> None:
+    """Turn humming's background builds off in this process and its children,
+    unless the environment already says otherwise. Only the tools call it,
+    for their own CPU-only work: a serving process never imports them."""
+    os.environ.setdefault(HUMMING_BACKGROUND_BUILDS, "1")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

@@ -26,6 +26,7 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     backends_by_format,
     fail,
     fraction,
+    no_background_kernel_builds,
     positive_float,
     positive_int,
     quiet_vllm,
@@ -395,6 +396,7 @@ def _buildable(
 
 
 def run(args: argparse.Namespace) -> int:
+    no_background_kernel_builds()  # plan runs vLLM on the meta device only
     asked = _plan_input(args)
     print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
     try:

@@ -21,6 +21,7 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     add_format_and_backend,
     backends_by_format,
     fail,
+    no_background_kernel_builds,
     positive_int,
     quiet_vllm,
 )
@@ -189,6 +190,8 @@ def _selftest_input(args: argparse.Namespace) -> SelftestInput:
 def _run(asked: SelftestInput, workdir: Path) -> SelftestResult:
     import torch
 
+    if not torch.cuda.is_available():  # the CPU reference launches no GPU kernel
+        no_background_kernel_builds()
     # as vLLM's plugin loader does in every process it starts
     vllm_kimi_k3_moe.register()
     kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
