@@ -44,6 +44,12 @@ sys.exit(status)
 
 def run_fresh(*argv: str) -> tuple[int, str, list[str]]:
     """(exit status, stdout, heavy modules imported) of a fresh process."""
+    status, out, imported, _ = run_fresh_with_stderr(*argv)
+    return status, out, imported
+
+
+def run_fresh_with_stderr(*argv: str) -> tuple[int, str, list[str], str]:
+    """``run_fresh``'s answer and what the command wrote on stderr."""
     result = subprocess.run(
         [sys.executable, "-c", IMPORT_PROBE, *argv],
         capture_output=True,
@@ -51,8 +57,8 @@ def run_fresh(*argv: str) -> tuple[int, str, list[str]]:
         timeout=120,
         cwd=REPO,  # imports this tree's package
     )
-    *_, imported = result.stderr.strip().splitlines()
-    return result.returncode, result.stdout, json.loads(imported)
+    *err, imported = result.stderr.strip().splitlines()
+    return result.returncode, result.stdout, json.loads(imported), "\n".join(err)
 
 
 def test_version_names_plugin_supported_and_installed_vllm(capsys) -> None:
@@ -242,3 +248,36 @@ def test_an_explicit_humming_setting_is_kept(monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["plan", "--tp", "7"])
     assert os.environ[HUMMING] == "0"
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("vllm serve /no/such/Kimi-K3 -tp 8", ["/no/such/Kimi-K3 does not exist"]),
+        ("vllm serve -tp 8 --model=/no/such", ["/no/such does not exist"]),
+        ("vllm serve moonshotai/Kimi-K3 -tp 8", ["a Hugging Face id?"]),
+    ],
+)
+def test_a_serve_line_without_its_checkpoint_is_refused_before_vllm(line, words):
+    status, out, imported, err = run_fresh_with_stderr("check", "--serve-command", line)
+    assert (status, out, imported) == (2, "", [])
+    assert len(err.splitlines()) == 1
+    for word in words:
+        assert word in err
+
+
+def test_the_missing_checkpoint_line(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["check", "--serve-command", "vllm serve moonshotai/Kimi-K3"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "vllm-kimi-k3-moe check: error: checkpoint directory moonshotai/Kimi-K3 "
+        "does not exist; a Hugging Face id? check reads a downloaded copy"
+    ]
+
+
+def test_selftest_takes_names_in_any_case() -> None:
+    args = cli.build_parser().parse_args(
+        ["selftest", "--quantization", "FP8-Block", "--moe-backend", "Triton"]
+    )
+    assert args.quantization == "fp8-block"

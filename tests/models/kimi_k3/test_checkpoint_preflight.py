@@ -405,8 +405,9 @@ def test_a_serve_command_is_refused_as_plan_refuses_it(
         (["--serve-command", "vllm serve /m -tp 8", "--tp", "8"], ["drop --tp"]),
         (["--serve-command", "vllm serve /m", "--ep", "--dcp", "2"], ["--ep, --dcp"]),
         (["--serve-command", "vllm server /m"], ["'vllm serve'"]),
-        # vLLM's parser takes -tp and --tensor-parallel-size, not --tp
-        (["--serve-command", "vllm serve /m --tp 8"], ["unrecognized", "--tp"]),
+        # vLLM's parser takes -tp and --tensor-parallel-size, not --tp (the
+        # model, /, is a directory: the line reaches vLLM's parser)
+        (["--serve-command", "vllm serve / --tp 8"], ["unrecognized", "--tp"]),
         ([], ["CHECKPOINT_DIR"]),
     ],
 )

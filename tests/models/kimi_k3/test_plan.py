@@ -275,6 +275,13 @@ BAD_INPUT = [
     # vLLM 0.33.0's Kimi-K3 MLA layer asserts prefill context parallelism away
     ("pcp", ["--tp", "8", "--pcp", "2"], ["prefill-context-parallel size 2", "MLA"]),
     ("pcp in the advisor", ["--gpus", "8", "--gpu", "b300", "--pcp", "2"], ["MLA"]),
+    # --max-model-len as vLLM's own parser function reads it (and refuses it)
+    ("binary suffix with decimals", ["--max-model-len", "1.5K"], ["'1.5K'", "1.5k"]),
+    ("not a length", ["--max-model-len", "abc"], ["'abc'", "128k = 128000"]),
+    ("vLLM's auto length", ["--max-model-len", "auto"], ["'auto'", "start-up"]),
+    ("no tokens", ["--max-model-len", "0"], ["'0'", "positive"]),
+    # other input is refused first, without vLLM's parser
+    ("bad length and tp", ["--max-model-len", "x", "--tp", "7"], ["heads"]),
 ]
 
 
@@ -367,11 +374,64 @@ def test_bad_config_file_is_one_line_and_exit_2(tmp_path, capsys, content, words
         assert word in err
 
 
-def test_unreadable_config_file(tmp_path, capsys):
+def test_a_directory_without_config_json(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
-        main(["plan", "--config", str(tmp_path)])  # a directory
+        main(["plan", "--config", str(tmp_path)])
     assert exited.value.code == 2
-    assert "cannot read config file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"vllm-kimi-k3-moe plan: error: argument --config: {tmp_path} is a "
+        "directory without a config.json"
+    ]
+
+
+def test_config_json_unreadable_is_one_line_without_errno(tmp_path, capsys):
+    (tmp_path / "config.json").mkdir()  # a directory where the file should be
+    with pytest.raises(SystemExit) as exited:
+        main(["check", str(tmp_path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Errno" not in err, err
+    assert "cannot read config file" in err and "Is a directory" in err
+
+
+def test_a_checkpoint_directory_is_read_as_its_config_json(tmp_path):
+    config = json.dumps({"text_config": KIMI_K3_TEXT_CONFIG})
+    (tmp_path / "config.json").write_text(config)
+    inputs = [
+        _plan_input(build_parser().parse_args(["plan", "--config", path]))
+        for path in (str(tmp_path), str(tmp_path / "config.json"))
+    ]
+    assert inputs[0] == inputs[1]
+
+
+def test_names_are_taken_in_any_case():
+    given = ["--quantization", "W4A16", "--moe-backend", "MARLIN"]
+    given += ["--kv-cache-dtype", "FP8", "--gpu", "H200", "--tp", "32"]
+    asked = _plan_input(build_parser().parse_args(["plan", *given]))
+    assert asked.quantization == "w4a16"
+    assert asked.backend == "marlin"
+    assert asked.serving.kv_cache_dtype == "fp8"
+    assert asked.gpu_title == "H200 141GB"
+
+
+@pytest.fixture(scope="module")
+def vllm_serve_parser():
+    """vLLM's own ``EngineArgs`` options, as ``vllm serve`` reads them."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
+
+    with a_cuda_platform_for_the_parser():
+        return EngineArgs.add_cli_args(FlexibleArgumentParser())
+
+
+@pytest.mark.parametrize("length", ["131072", "128k", "128K", "1.5m", " 25.6k "])
+def test_max_model_len_reads_as_vllm_reads_it(vllm_serve_parser, length):
+    args = build_parser().parse_args(["plan", "--tp", "8", "--max-model-len", length])
+    by_vllm = vllm_serve_parser.parse_args(["--max-model-len", length])
+    assert _plan_input(args).serving.max_model_len == by_vllm.max_model_len
 
 
 def test_console_script_is_installed_and_fails_fast():

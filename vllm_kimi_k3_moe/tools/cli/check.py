@@ -16,6 +16,7 @@ from vllm_kimi_k3_moe.tools.check.preflight import (
     PreflightInputError,
     PreflightReport,
     preflight,
+    refuse_a_missing_directory,
 )
 from vllm_kimi_k3_moe.tools.check.report import (
     allocation,
@@ -37,7 +38,11 @@ from vllm_kimi_k3_moe.tools.plan.planner import (
     PlanError,
     plan_deployment,
 )
-from vllm_kimi_k3_moe.tools.serve_line import read_serve_command, serve_words
+from vllm_kimi_k3_moe.tools.serve_line import (
+    named_model,
+    read_serve_command,
+    serve_words,
+)
 from vllm_kimi_k3_moe.tools.topology import (
     Deployment,
     DeploymentError,
@@ -186,7 +191,10 @@ def _asked(args: argparse.Namespace) -> CheckInput:
         raise DeploymentError(
             f"--serve-command gives the layout; drop {', '.join(given)}"
         )
-    serve_words(args.serve_command)  # what is not a serve line, before vLLM
+    words = serve_words(args.serve_command)  # what is not a serve line
+    model = args.checkpoint or named_model(words)
+    if model is not None:  # a missing checkpoint, before vLLM's parser
+        refuse_a_missing_directory(Path(model))
     print("reading the serve command with vLLM's parser ...", file=sys.stderr)
     with quiet_vllm():
         line = read_serve_command(args.serve_command)

@@ -12,12 +12,15 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS
+from vllm_kimi_k3_moe.tools.topology import DeploymentError
 
 PROG = "vllm-kimi-k3-moe"
 USAGE_ERROR = 2
+CONFIG_JSON = "config.json"
 
 # humming (a vLLM 0.33.0 dependency, imported with vLLM's MoE kernels) starts
 # two Python processes the moment it is imported, building its CUDA launcher
@@ -72,6 +75,48 @@ def positive_float(text: str) -> float:
 
 
 fraction = finite_float  # range-checked where it is used (GpuBudget)
+
+
+def config_file(text: str) -> Path:
+    """``--config``: a ``config.json``, or a directory holding one (a
+    checkpoint's, or the one file downloaded of it)."""
+    path = Path(text)
+    if path.is_dir():
+        if not (path / CONFIG_JSON).is_file():
+            raise argparse.ArgumentTypeError(
+                f"{text} is a directory without a {CONFIG_JSON}"
+            )
+        return path / CONFIG_JSON
+    return path
+
+
+def max_model_len(text: str) -> int:
+    """vLLM's ``--max-model-len``, read by vLLM's own parser function
+    (``human_readable_int_or_auto``: 131072, 128k = 128000, 128K = 131072,
+    1.5m); ``DeploymentError`` in one line where it refuses. Imports vLLM's
+    argument utilities, and with them torch (seconds): call it after every
+    check that needs no vLLM. vLLM's ``auto`` (-1) is refused too: vLLM
+    picks that length from the GPU it starts on."""
+    with quiet_vllm():
+        from vllm.utils.argparse_utils import human_readable_int_or_auto
+    where = f"--max-model-len {text!r}"
+    try:
+        value = human_readable_int_or_auto(text)
+    except argparse.ArgumentTypeError as error:  # its own words
+        raise DeploymentError(f"{where}: {error}") from None
+    except ValueError:
+        raise DeploymentError(
+            f"{where} is not a length vLLM takes (e.g. 131072, 128k = 128000, "
+            "128K = 131072)"
+        ) from None
+    if value == -1:
+        raise DeploymentError(
+            f"{where}: vLLM picks that length on the GPU at start-up; give one "
+            "(plan reports the longest that fits when a request of it does not)"
+        )
+    if value < 1:
+        raise DeploymentError(f"{where} is not a positive length")
+    return value
 
 
 def add_dp_and_ep(command: argparse.ArgumentParser) -> None:
@@ -157,6 +202,7 @@ def add_format_and_backend(command: argparse.ArgumentParser) -> None:
     """``--quantization`` and ``--moe-backend``, as ``plan`` takes them."""
     command.add_argument(
         "--quantization",
+        type=str.lower,
         choices=FORMAT_NAMES,
         help="the checkpoint's format, with its published quantization config: "
         "mxfp4 (the release, compressed-tensors mxfp4-pack-quantized, which "

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_kimi_k3_moe.compat import VLLM
@@ -24,8 +23,10 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     add_dp_and_ep,
     add_format_and_backend,
     backends_by_format,
+    config_file,
     fail,
     fraction,
+    max_model_len,
     no_background_kernel_builds,
     positive_float,
     positive_int,
@@ -142,16 +143,17 @@ def add_command(commands: Subcommands) -> None:
     add_format_and_backend(plan)
     plan.add_argument(
         "--kv-cache-dtype",
+        type=str.lower,
         choices=KV_CACHE_DTYPES,
         help="vLLM's --kv-cache-dtype: auto (bfloat16) or fp8 (default: auto); "
         "the table shows the KV cache with a GPU size",
     )
     plan.add_argument(
         "--max-model-len",
-        type=positive_int,
         metavar="N",
-        help=f"vLLM's --max-model-len, in tokens (default: {DEFAULT_MAX_MODEL_LEN}); "
-        "the table shows the KV cache with a GPU size",
+        help=f"vLLM's --max-model-len, in tokens, as vLLM reads it (131072, 128k "
+        f"= 128000, 128K = 131072; default: {DEFAULT_MAX_MODEL_LEN}); the table "
+        "shows the KV cache with a GPU size",
     )
     plan.add_argument(
         "--gpu-memory-utilization",
@@ -177,9 +179,10 @@ def add_command(commands: Subcommands) -> None:
     )
     plan.add_argument(
         "--config",
-        type=Path,
+        type=config_file,
         metavar="PATH",
-        help="a Hugging Face config.json with Kimi-K3's whole text config "
+        help="a Hugging Face config.json (or a directory holding one) with "
+        "Kimi-K3's whole text config "
         "(may be nested under text_config); default: Kimi-K3's published "
         "text_config (hidden 7168, 93 layers: 24 MLA + 69 KDA, 92 MoE with "
         "896 experts of 3072, latent 3584, vocab 163840)",
@@ -267,7 +270,8 @@ def _note_kv_options_unused(args: argparse.Namespace) -> None:
 
 
 def _plan_input(args: argparse.Namespace) -> PlanInput:
-    """Every input error ends the command here, before vLLM is imported."""
+    """Every input error ends the command here, before vLLM's model is
+    imported (a --max-model-len is read last, by vLLM's own parser function)."""
     try:
         text_config = (
             KIMI_K3_TEXT_CONFIG
@@ -276,13 +280,6 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         )
         fmt, quantization_config, quantization_title = _quantization(args)
         budget, gpu_title = _budget(args)
-        default = Serving()
-        serving = Serving(
-            args.kv_cache_dtype or default.kv_cache_dtype,
-            args.max_model_len or default.max_model_len,
-            args.language_model_only,
-        )
-        validate_serving(serving)
         validate_prefill_context_parallel(args.pcp_size)
         backend = args.moe_backend.lower()
         if args.gpus is not None:
@@ -315,7 +312,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                     "stage's GPUs in whole scale groups (or its "
                     f"{text_config['num_experts']} experts, with --ep)"
                 )
-            deployments = []
+            deployments, left_out = [], []
         else:
             deployments = [
                 Deployment(
@@ -329,10 +326,24 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                 )
                 for tp in args.tp_sizes or DEFAULT_TP_SIZES
             ]
-            deployments = _buildable(text_config, deployments, args.tp_sizes is None)
+            deployments, left_out = _buildable(
+                text_config, deployments, args.tp_sizes is None
+            )
+        default = Serving()
+        serving = Serving(  # --max-model-len last: vLLM's parser imports torch
+            args.kv_cache_dtype or default.kv_cache_dtype,
+            default.max_model_len
+            if args.max_model_len is None
+            else max_model_len(args.max_model_len),
+            args.language_model_only,
+        )
+        validate_serving(serving)
     except (ConfigFileError, DeploymentError, BudgetError, GpuError, FormatError) as e:
         fail("plan", str(e))
-    if budget is None and not args.json:  # after every error: those are one line
+    # after every error: those are one line
+    for line in left_out:
+        print(line, file=sys.stderr)
+    if budget is None and not args.json:
         _note_kv_options_unused(args)
     return PlanInput(
         text_config,
@@ -373,10 +384,10 @@ def _quantization(
 
 def _buildable(
     text_config: dict[str, Any], deployments: list[Deployment], defaults: bool
-) -> list[Deployment]:
+) -> tuple[list[Deployment], list[str]]:
     """The deployments vLLM builds. Sizes the operator named must all build
     (the first that does not is the error); of the default TP sizes, those
-    that do not are left out, each said in one line on stderr, unless none
+    that do not are left out, each said in a line for stderr, unless none
     builds (then the first one's reason is the error)."""
     kept, left_out = [], []
     for deployment in deployments:
@@ -390,9 +401,7 @@ def _buildable(
         kept.append(deployment)
     if not kept:
         raise left_out[0][1]
-    for deployment, error in left_out:
-        print(f"plan: left out {deployment.label()}: {error}", file=sys.stderr)
-    return kept
+    return kept, [f"plan: left out {d.label()}: {error}" for d, error in left_out]
 
 
 def run(args: argparse.Namespace) -> int:
