@@ -126,6 +126,22 @@ def test_wide_table_has_every_column(kimi_model, capsys):
     assert "importing vLLM" in err
 
 
+def test_wide_table_keeps_the_default_tables_words(kimi_k3_deployment_plans):
+    """--wide adds columns, not names: vLLM (alone) and plugin, as the
+    default table, and the same group labels for the same figures."""
+    from vllm_kimi_k3_moe.tools.plan.report import table, wide_table
+
+    plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
+    wide, default = wide_table(plans), table(plans)
+    groups, columns = wide.splitlines()[2:4]
+    assert columns.split()[:3] == ["layout", "GPUs", "experts"]
+    assert set(columns.split()[3:]) == {"logical", "vLLM", "plugin", "floor"}
+    for label in ("weights GB/GPU", "fits", "KV tokens", "requests"):
+        assert label in groups
+    for word in ("upstream", "fixed"):
+        assert word not in wide and word not in default
+
+
 def test_default_table_fits_120_columns_and_says_why(kimi_model, capsys):
     assert main(["plan", "--gpu", "h100"]) == 0
     out = capsys.readouterr().out
@@ -517,3 +533,31 @@ def test_default_sizes_that_do_not_build_are_left_out_and_said(kimi_model, capsy
     out, err = capsys.readouterr()
     assert [d["deployment"]["tp_size"] for d in json.loads(out)] == [8, 16]
     assert "plan: left out TP32 DP64: moe_intermediate_size 3072" in err
+
+
+def test_each_layout_that_fits_gets_its_serve_command(kimi_k3_deployment_plans):
+    """plan --gpu h20: TP32 fits with the plugin only; its command is
+    printed under the table, and TP8's and TP16's, which do not fit, are
+    not, nor in --json."""
+    from vllm_kimi_k3_moe.tools.plan.report import serve_commands
+
+    plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
+    text = serve_commands(plans)
+    assert [line.strip() for line in text.splitlines() if line.endswith(":")] == [
+        "vllm serve (with the plugin installed), each layout that fits:",
+        "TP32:",
+    ]
+    assert "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 32 " in text
+    documents = [p.to_dict() for p in plans]
+    assert [d["serve_command"] is not None for d in documents] == [False, False, True]
+    assert documents[2]["serve_command"] == plans[2].serve_command
+
+
+def test_without_a_gpu_size_no_command_is_vouched_for(kimi_k3_deployment_plans):
+    from dataclasses import replace
+
+    from vllm_kimi_k3_moe.tools.plan.report import serve_commands
+
+    plan = replace(kimi_k3_deployment_plans[32], budget=None)
+    assert plan.to_dict()["serve_command"] is None
+    assert "given a GPU size (--gpu NAME" in serve_commands([plan])

@@ -223,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
     # The summary first: building vLLM's model takes a while.
     print("\n".join([*headline(report), *summary(report)]), flush=True)
     if backend is not None:
-        print("\n".join(allocation(_vllm_allocation(report, backend))))
+        stages = report.stages if report.parallelism.pp_size > 1 else []
+        print("\n".join(allocation(_vllm_allocation(report, backend), stages)))
     print("\n".join([*problem_lines(report.problems, args.show_all), *verdict(report)]))
     return report.status
 

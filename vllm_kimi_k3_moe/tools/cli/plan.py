@@ -3,15 +3,20 @@
 Two modes. With ``--gpus N`` (and a GPU: ``--gpu NAME`` or
 ``--gpu-memory-gib X``) the advisor lists every layout of exactly N GPUs
 vLLM builds (DCP sizes included), fitting first and most KV cache first,
-the public ones marked, with ``vllm serve`` commands. With ``--tp``
-(default 8 16 32, and ``--pp``/``--dp``/``--ep``/``--dcp``) one row per
-tensor-parallel size. Every input error ends the command before vLLM's
-import (the slow part), in one line with exit status 2.
+the public ones marked, with the ``vllm serve`` commands of the first few
+and of the public ones, and the ``plan`` command (the other mode) that
+prints any other layout's. With ``--tp`` (default 8 16 32, and
+``--pp``/``--dp``/``--ep``/``--dcp``) one row per tensor-parallel size and,
+given a GPU size, the ``vllm serve`` command of each layout that fits: plan
+prints a command only where it says the layout fits. Every input error ends
+the command before vLLM's model is imported (the slow part), in one line
+with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
 from vllm_kimi_k3_moe.tools.cli.common import (
+    PROG,
     add_context_parallel,
     add_dp_and_ep,
     add_format_and_backend,
@@ -41,7 +47,13 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
-from vllm_kimi_k3_moe.tools.plan.report import advice, as_json, table, wide_table
+from vllm_kimi_k3_moe.tools.plan.report import (
+    advice,
+    as_json,
+    serve_commands,
+    table,
+    wide_table,
+)
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
@@ -56,6 +68,7 @@ from vllm_kimi_k3_moe.tools.topology import (
     Deployment,
     DeploymentError,
     Serving,
+    Topology,
     layouts,
     validate,
     validate_backend,
@@ -92,8 +105,11 @@ def add_command(commands: Subcommands) -> None:
             "parallel size, that vLLM builds for the format and kernel, "
             "ordered by memory alone (fitting first, most KV cache first; "
             "speed is not measured), marks the layouts public deployments run "
-            "on that GPU, and prints the vllm serve commands of the first few "
-            "and of those. Otherwise one row per --tp size (default 8 16 32)."
+            "on that GPU, prints the vllm serve commands of the first few "
+            "and of those, and the plan command that gives any other's. "
+            "Otherwise one row per --tp size (default 8 16 32), and, with a GPU "
+            "size, the vllm serve command of each that fits (--json: the same, "
+            "null where a layout does not fit)."
         ),
         epilog=(
             f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees. "
@@ -191,7 +207,8 @@ def add_command(commands: Subcommands) -> None:
         "--model",
         default=DEFAULT_MODEL,
         metavar="PATH_OR_ID",
-        help=f"the checkpoint the serve commands name (default: {DEFAULT_MODEL})",
+        help="the checkpoint the serve commands name: a local directory or a "
+        f"Hugging Face id (default: {DEFAULT_MODEL}, the release)",
     )
     plan.add_argument(
         "--wide",
@@ -430,6 +447,7 @@ def run(args: argparse.Namespace) -> int:
         print(as_json(plans))
     elif args.wide:
         print(wide_table(plans, asked.quantization_title))
+        print(serve_commands(plans))
     elif args.gpus is not None:
         title = (
             f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: "
@@ -438,7 +456,64 @@ def run(args: argparse.Namespace) -> int:
             "GB = 10^9 bytes"
         )
         public = public_layouts(args.gpu, args.gpus)
-        print(advice(plans, refused, title, public))
+        unmarked = (
+            f"No row is marked *: no public deployment of Kimi-K3 on {args.gpus} "
+            f"x {asked.gpu_title} states its layout that plan knows of."
+            if args.gpu is not None
+            else "No row is marked *: public layouts are known by GPU kind "
+            "(--gpu NAME), not by memory."
+        )
+        print(
+            advice(
+                plans,
+                refused,
+                title,
+                public,
+                unmarked,
+                lambda topology: plan_command(args, topology),
+            )
+        )
     else:
         print(table(plans, format_title=asked.quantization_title))
+        print(serve_commands(plans))
     return 0
+
+
+def plan_command(args: argparse.Namespace, topology: Topology) -> str:
+    """The ``plan`` command that sizes ``topology`` alone, as the advisor
+    sized it (every other option the advisor was given), and prints its
+    ``vllm serve`` command."""
+    words = [PROG, "plan"]
+    words += (
+        ["--gpu", args.gpu]
+        if args.gpu
+        else ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
+    )
+    words += ["--tp", str(topology.tp_size)]
+    for option, size in (
+        ("--dcp", topology.dcp_size),
+        ("--pp", topology.pp_size),
+        ("--dp", topology.dp_size),
+    ):
+        if size > 1:
+            words += [option, str(size)]
+    if topology.expert_parallel:
+        words.append("--ep")
+    for option, value in (
+        ("--quantization", args.quantization),
+        ("--config", args.config),
+        (
+            "--moe-backend",
+            args.moe_backend if args.moe_backend.lower() != "marlin" else None,
+        ),
+        ("--kv-cache-dtype", args.kv_cache_dtype),
+        ("--max-model-len", args.max_model_len),
+        ("--gpu-memory-utilization", args.gpu_memory_utilization),
+        ("--reserve-gib", args.reserve_gib),
+        ("--model", args.model if args.model != DEFAULT_MODEL else None),
+    ):
+        if value is not None:
+            words += [option, f"{value:g}" if isinstance(value, float) else str(value)]
+    if args.language_model_only:
+        words.append("--language-model-only")
+    return shlex.join(words)
