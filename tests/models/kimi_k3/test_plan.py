@@ -480,11 +480,12 @@ def test_help_lists_the_backends():
 def test_readme_shows_the_default_table_on_h20s(kimi_k3_deployment_plans):
     from pathlib import Path
 
-    from vllm_kimi_k3_moe.tools.plan.report import table
+    from vllm_kimi_k3_moe.tools.plan.report import serve_commands, table
 
     readme = (Path(__file__).parents[3] / "README.md").read_text()
     plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
-    assert table(plans) in readme  # plan --gpu h20
+    # plan --gpu h20: the table, then the command of each layout that fits
+    assert f"{table(plans)}\n{serve_commands(plans)}\n```" in readme
 
 
 def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
