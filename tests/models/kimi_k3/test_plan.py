@@ -562,3 +562,10 @@ def test_without_a_gpu_size_no_command_is_vouched_for(kimi_k3_deployment_plans):
     plan = replace(kimi_k3_deployment_plans[32], budget=None)
     assert plan.to_dict()["serve_command"] is None
     assert "given a GPU size (--gpu NAME" in serve_commands([plan])
+
+
+def test_a_note_is_in_the_rows_unit(kimi_k3_deployment_plans):
+    """TP8 on H20s: 206.0 GB of weights and the 6 GiB reserve (6.44 GB) need
+    212.4 GB; vLLM takes 0.92 of the 97285 MiB a CUDA process sees, 93.8 GB.
+    The note says it in GB, as the weights columns."""
+    assert kimi_k3_deployment_plans[8].reason() == "weights+reserve 212.4 > 93.8 GB"
