@@ -1,10 +1,8 @@
 """Wall time of ``vllm-kimi-k3-moe check`` over a header set the size of Kimi-K3's.
 
 Writes, in a temporary directory, a release-sized checkpoint's layout without
-its data: ``config.json``, the index and 96 shards whose headers declare every
-tensor (92 MoE layers x 896 experts x the format's routed-expert tensors,
-plus the other per-layer tensors) and whose data sections are sparse files of
-their full size (terabytes apparent, ~100-300 MB on disk). Then runs the
+its data (``benchmarks.header_set``: the index, the config and 96 shards of
+real headers and sparse data). Then runs the
 installed ``vllm-kimi-k3-moe check`` on it in fresh processes and checks it
 found the checkpoint clean. Formats: ``mxfp4`` (the release, the default),
 ``fp8-block`` (about 2.8 TB), ``nvfp4`` (four tensors per projection).
@@ -14,7 +12,6 @@ found the checkpoint clean. Formats: ``mxfp4`` (the release, the default),
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 import subprocess
@@ -23,11 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.models.kimi_k3.format_checkpoints import write_format_checkpoint
-from tests.models.kimi_k3.kimi_k3_checkpoint import (
-    KimiK3Spec,
-    write_header_only_checkpoint,
-)
+from benchmarks import header_set
+from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec
 
 
 def header_bytes(directory: Path) -> int:
@@ -49,12 +43,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kimi-k3-headers-") as name:
         directory = Path(name)
         start = time.perf_counter()
-        if fmt == "mxfp4":
-            write_header_only_checkpoint(directory, spec)
-        else:
-            write_format_checkpoint(directory, fmt, spec)
-        index = json.loads((directory / "model.safetensors.index.json").read_text())
-        tensors = len(index["weight_map"])
+        tensors = header_set.write(directory, fmt)
         written = time.perf_counter() - start
         apparent = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
         print(

@@ -11,14 +11,18 @@ MXFP4 on Marlin, ``--gpu gb300 --kv-cache-dtype fp8``):
   Blackwell) and 131072 (plan's default): what separates plan from the
   measurement is then how tokens are counted, each request's KDA state
   (which DCP does not split) in whole blocks against its MLA blocks;
-- the same at 1048576 with FlashInfer's KDA prefill kernel
-  (``--kda-prefill-backend flashinfer``, which GB300 runs) instead of the
+- the same at 1048576 with FlashInfer's KDA prefill kernel (vLLM's
+  ``--kda-prefill-backend flashinfer``, which GB300 runs) instead of the
   FlashKDA plan assumes, which keeps one more state block per KDA layer
-  group and request (its prefill checkpoint);
+  group and request (its prefill checkpoint): ``plan`` has no option for
+  the KDA kernel; this module swaps the planner's stand-in;
 - with plan's own memory assumptions (``--gpu-memory-utilization 0.92``, a
   6 GiB reserve).
 
     python -m benchmarks.public_dcp_case    # from the repo root, ~1 min
+
+What importing vLLM prints on a machine without a GPU is kept off the
+screen, and humming's background builds off, as ``plan`` does.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from contextlib import nullcontext
 
 from vllm_kimi_k3_moe.patching import replaced_attributes
 from vllm_kimi_k3_moe.tools.build import stand_ins
+from vllm_kimi_k3_moe.tools.cli.common import no_background_kernel_builds, quiet_vllm
 from vllm_kimi_k3_moe.tools.gpu_budget import GIB, GpuBudget
 from vllm_kimi_k3_moe.tools.gpus import gpu_preset
 from vllm_kimi_k3_moe.tools.plan.planner import Planner
@@ -76,10 +81,12 @@ def sized(context: int, backend: str | None) -> dict[tuple[int, bool], object]:
 
 
 def main() -> None:
-    runs = {
-        (context, backend): sized(context, backend)
-        for context, backend in {(c[1], c[2]) for c in CASES}
-    }
+    no_background_kernel_builds()  # as plan: vLLM on the meta device only
+    with quiet_vllm():
+        runs = {
+            (context, backend): sized(context, backend)
+            for context, backend in {(c[1], c[2]) for c in CASES}
+        }
     print("Kimi-K3 TP8 on GB300, FP8 KV cache, per GPU: vLLM PR #50484 and plan")
     print(f"{'':48}{'KV GiB':>8}{'tokens':>13}{'vs public':>11}")
     for dcp, (tokens, gib) in PUBLIC.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ REPO = Path(__file__).parents[1]
 SUPPORTED_SERIES = "0.33.x"  # compat.SUPPORTED_VLLM_SERIES
 INSTALLED_VLLM = "0.33.0"  # .ci/constraints.txt pins vllm==0.33.0
 HEAVY = ("torch", "vllm")  # each takes seconds to import
+HUMMING = "HUMMING_DISABLE_PARALLEL_BUILD"
 
 # Runs the command line in a fresh interpreter, then reports on stderr which
 # of HEAVY it imported.
@@ -42,6 +44,12 @@ sys.exit(status)
 
 def run_fresh(*argv: str) -> tuple[int, str, list[str]]:
     """(exit status, stdout, heavy modules imported) of a fresh process."""
+    status, out, imported, _ = run_fresh_with_stderr(*argv)
+    return status, out, imported
+
+
+def run_fresh_with_stderr(*argv: str) -> tuple[int, str, list[str], str]:
+    """``run_fresh``'s answer and what the command wrote on stderr."""
     result = subprocess.run(
         [sys.executable, "-c", IMPORT_PROBE, *argv],
         capture_output=True,
@@ -49,8 +57,8 @@ def run_fresh(*argv: str) -> tuple[int, str, list[str]]:
         timeout=120,
         cwd=REPO,  # imports this tree's package
     )
-    *_, imported = result.stderr.strip().splitlines()
-    return result.returncode, result.stdout, json.loads(imported)
+    *err, imported = result.stderr.strip().splitlines()
+    return result.returncode, result.stdout, json.loads(imported), "\n".join(err)
 
 
 def test_version_names_plugin_supported_and_installed_vllm(capsys) -> None:
@@ -173,3 +181,103 @@ def test_readme_shows_the_version_output(capsys) -> None:
         cli.main(["--version"])
     readme = (REPO / "README.md").read_text()
     assert f"$ vllm-kimi-k3-moe --version\n{capsys.readouterr().out}```" in readme
+
+
+# Imports humming as vLLM's MoE kernels do, after the tools' setting, with
+# its build processes recorded instead of started; then asks humming's own
+# launchers again with the variable unset (the probe sees a launch).
+HUMMING_PROBE = """
+import json, os, subprocess, sys
+from vllm_kimi_k3_moe.tools.cli.common import no_background_kernel_builds
+
+started, real = [], subprocess.Popen
+
+class Recorded(real):
+    def __init__(self, args, *rest, **kwargs):
+        if "humming" not in " ".join(map(str, args)):
+            return super().__init__(args, *rest, **kwargs)
+        started.append(args[-1])
+
+    def wait(self, timeout=None):
+        return 0
+
+subprocess.Popen = Recorded
+if sys.argv[1] == "tools":
+    no_background_kernel_builds()
+import humming.ops.utils, humming.utils.nvrtc
+at_import = list(started)
+os.environ.pop("HUMMING_DISABLE_PARALLEL_BUILD", None)
+humming.ops.utils.build_humming_launcher_in_bg()
+humming.utils.nvrtc.build_nvrtc_compile_binary_in_bg()
+print(json.dumps([at_import, started[len(at_import):]]))
+"""
+
+
+def test_the_tools_start_no_humming_build_processes() -> None:
+    """humming starts its two background builds when imported unless
+    HUMMING_DISABLE_PARALLEL_BUILD is "1"; the tools' setting stops both."""
+    env = {k: v for k, v in os.environ.items() if k != HUMMING}
+    result = subprocess.run(
+        [sys.executable, "-c", HUMMING_PROBE, "tools"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+        check=True,
+    )
+    at_import, unset = json.loads(result.stdout.strip().splitlines()[-1])
+    assert at_import == []
+    assert len(unset) == 2  # the launcher and the NVRTC helper
+
+
+@pytest.mark.parametrize(
+    "argv", [["plan", "--tp", "7"], ["check", "/no/such/checkpoint"]]
+)
+def test_plan_and_check_turn_the_builds_off_in_their_process(
+    monkeypatch, capsys, argv
+) -> None:
+    monkeypatch.delenv(HUMMING, raising=False)
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert os.environ[HUMMING] == "1"
+
+
+def test_an_explicit_humming_setting_is_kept(monkeypatch, capsys) -> None:
+    monkeypatch.setenv(HUMMING, "0")
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--tp", "7"])
+    assert os.environ[HUMMING] == "0"
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("vllm serve /no/such/Kimi-K3 -tp 8", ["/no/such/Kimi-K3 does not exist"]),
+        ("vllm serve -tp 8 --model=/no/such", ["/no/such does not exist"]),
+        ("vllm serve moonshotai/Kimi-K3 -tp 8", ["a Hugging Face id?"]),
+    ],
+)
+def test_a_serve_line_without_its_checkpoint_is_refused_before_vllm(line, words):
+    status, out, imported, err = run_fresh_with_stderr("check", "--serve-command", line)
+    assert (status, out, imported) == (2, "", [])
+    assert len(err.splitlines()) == 1
+    for word in words:
+        assert word in err
+
+
+def test_the_missing_checkpoint_line(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["check", "--serve-command", "vllm serve moonshotai/Kimi-K3"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "vllm-kimi-k3-moe check: error: checkpoint directory moonshotai/Kimi-K3 "
+        "does not exist; a Hugging Face id? check reads a downloaded copy"
+    ]
+
+
+def test_selftest_takes_names_in_any_case() -> None:
+    args = cli.build_parser().parse_args(
+        ["selftest", "--quantization", "FP8-Block", "--moe-backend", "Triton"]
+    )
+    assert args.quantization == "fp8-block"

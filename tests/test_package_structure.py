@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ PACKAGE = "vllm_kimi_k3_moe"
 TOOLS = f"{PACKAGE}.tools"
 # Heavy imports a function may defer, to keep light processes light.
 HEAVY = ("vllm", "torch")
+HUMMING = "HUMMING_DISABLE_PARALLEL_BUILD"  # tools.cli.common.HUMMING_BACKGROUND_BUILDS
 
 
 def modules() -> dict[str, Path]:
@@ -121,9 +123,10 @@ def test_serving_modules_never_import_the_tools() -> None:
 # A vLLM worker's life with the plugin: plugins loaded, Kimi-K3's model
 # imported, a KimiMoE built (here on meta, as one rank of TP32 with Marlin,
 # the groups and the Marlin device check stood in inline). Then which plugin
-# modules it imported.
+# modules it imported, and whether humming's background builds were left on
+# (the tools turn them off in their own processes only).
 SERVING_PROCESS = """
-import json, sys
+import json, os, sys
 from types import SimpleNamespace
 import torch
 import vllm.plugins
@@ -153,6 +156,7 @@ with set_current_vllm_config(vllm_config), torch.device("meta"):
 print(json.dumps({
     "partition": moe.experts.routed_experts.intermediate_size_per_partition,
     "plugin_modules": sorted(m for m in sys.modules if m.startswith("vllm_kimi")),
+    "humming_builds": os.environ.get("HUMMING_DISABLE_PARALLEL_BUILD", "on"),
 }))
 """
 
@@ -167,9 +171,11 @@ def test_a_serving_process_imports_no_tool_module() -> None:
         timeout=300,
         cwd=REPO,  # imports this tree's package
         check=False,
+        env={k: v for k, v in os.environ.items() if k != HUMMING},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["partition"] == 128  # the plugin's fix was in the build
     assert report["plugin_modules"], "the plugin was not loaded"
     assert [m for m in report["plugin_modules"] if m.startswith(TOOLS)] == []
+    assert report["humming_builds"] == "on"

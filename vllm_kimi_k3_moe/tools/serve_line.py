@@ -7,7 +7,9 @@ every option unrelated to the layout are taken exactly as ``vllm serve``
 takes them. What is asked of the topology is then validated by the same
 rules, with the same words, as ``plan`` (``topology.validate_topology``,
 ``validate_prefill_context_parallel``). The words are split, and a line
-that is not ``vllm serve ...`` refused, before vLLM is imported.
+that is not ``vllm serve ...`` refused, before vLLM is imported; so is a
+model that is not a local directory where the line names it plainly
+(``named_model``), since ``check`` reads a downloaded checkpoint.
 """
 
 from __future__ import annotations
@@ -44,6 +46,21 @@ def serve_words(command: str) -> list[str]:
             f"--serve-command must start with 'vllm serve', got {command[:40]!r}"
         )
     return words[2:]
+
+
+def named_model(words: list[str]) -> str | None:
+    """The model a serve line's words name where that needs no parser:
+    ``vllm serve MODEL ...`` (vLLM's positional ``model_tag``, which wins
+    over ``--model``), else ``--model X`` or ``--model=X``. None otherwise:
+    vLLM's parser finds it."""
+    if words and not words[0].startswith("-"):
+        return words[0]
+    for index, word in enumerate(words):
+        if word == "--model" and index + 1 < len(words):
+            return words[index + 1]
+        if word.startswith("--model="):
+            return word.removeprefix("--model=")
+    return None
 
 
 def read_serve_command(command: str) -> ServeLine:

@@ -168,8 +168,11 @@ def read_config_document(path: Path) -> dict[str, Any]:
         document = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigFileError(f"config file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigFileError(f"cannot read config file {path}: {error}") from None
+    except OSError as error:  # its reason, without errno's [Errno N] and path
+        why = error.strerror or type(error).__name__
+        raise ConfigFileError(f"cannot read config file {path}: {why}") from None
+    except UnicodeDecodeError:
+        raise ConfigFileError(f"config file {path} is not UTF-8 text") from None
     except json.JSONDecodeError as error:
         raise ConfigFileError(f"config file {path} is not JSON: {error}") from None
     if not isinstance(document, dict):

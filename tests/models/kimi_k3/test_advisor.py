@@ -224,7 +224,10 @@ def test_advisor_json_has_one_entry_per_layout(kimi_model, capsys):
         assert deployment["gpus"] == 8 and "pp_size" in deployment
         assert set(document["fits"]) >= {"upstream", "fixed"}
         assert (document["reason"] is None) == document["fits"]["fixed"]
-        assert document["serve_command"].startswith("vllm serve ")
+        if document["fits"]["fixed"]:
+            assert document["serve_command"].startswith("vllm serve ")
+        else:  # no command for a layout that does not fit
+            assert document["serve_command"] is None
         if deployment["pp_size"] > 1:
             stages = document["stages"]
             assert len(stages) == deployment["pp_size"]
@@ -270,3 +273,43 @@ def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
     assert {"TP8", "TP8 DCP8", "TP4 DCP4 PP2"} <= rows
     assert not {"TP8 DCP4", "TP8 DCP2", "TP4 DCP2 PP2"} & rows
     assert "Not in the table: 8 layouts with DCP between 1 and their TP" in out
+
+
+@pytest.fixture
+def plan_on_the_module_planner(planner, monkeypatch):
+    """``plan`` on 141 GiB H200s (vLLM's defaults otherwise) sizing with the
+    module's planner, whose builds it shares, instead of a new one."""
+    from vllm_kimi_k3_moe.tools.cli import plan as plan_command
+
+    monkeypatch.setattr(planner, "close", lambda: None)
+    monkeypatch.setattr(plan_command, "Planner", lambda *_, **__: planner)
+
+
+def test_the_advisor_says_how_to_get_any_layouts_command(
+    plan_on_the_module_planner, advice_16, monkeypatch, capsys
+):
+    """16 x H200 (with the public layouts taken away, as for a GPU no public
+    deployment states one for): the advisor says why nothing is marked and
+    prints the plan command of a layout whose serve command it does not
+    show; that command sizes that layout alone and prints its serve line."""
+    from vllm_kimi_k3_moe.tools.cli import plan as plan_command
+
+    monkeypatch.setattr(plan_command, "public_layouts", lambda *_: ())
+    assert main(["plan", "--gpus", "16", "--gpu", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "No row is marked *: no public deployment of Kimi-K3 on 16 x H200" in out
+    assert " * " not in out
+    head, pick = out.split("Any layout's command alone, for example ")[1].split("\n")[
+        :2
+    ]
+    label = head.split("'s:")[0]
+    words = shlex.split(pick)
+    assert words[:4] == ["vllm-kimi-k3-moe", "plan", "--gpu", "h200"]
+    shown = out.split("vllm serve (with the plugin installed)")[1].split("Any ")[0]
+    assert f"  {label}:" not in shown  # a layout whose command was not shown
+    assert main(words[1:]) == 0
+    alone = capsys.readouterr().out
+    assert f"\n{label} " in alone  # its row
+    printed = alone.split(f"  {label}:\n")[1]
+    (advised,) = [p for p in advice_16[0] if p.deployment.label() == label]
+    assert " ".join(printed.replace("\\\n", " ").split()) == advised.advised_command

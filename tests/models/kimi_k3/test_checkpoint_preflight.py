@@ -405,8 +405,9 @@ def test_a_serve_command_is_refused_as_plan_refuses_it(
         (["--serve-command", "vllm serve /m -tp 8", "--tp", "8"], ["drop --tp"]),
         (["--serve-command", "vllm serve /m", "--ep", "--dcp", "2"], ["--ep, --dcp"]),
         (["--serve-command", "vllm server /m"], ["'vllm serve'"]),
-        # vLLM's parser takes -tp and --tensor-parallel-size, not --tp
-        (["--serve-command", "vllm serve /m --tp 8"], ["unrecognized", "--tp"]),
+        # vLLM's parser takes -tp and --tensor-parallel-size, not --tp (the
+        # model, /, is a directory: the line reaches vLLM's parser)
+        (["--serve-command", "vllm serve / --tp 8"], ["unrecognized", "--tp"]),
         ([], ["CHECKPOINT_DIR"]),
     ],
 )
@@ -570,6 +571,31 @@ def test_moe_backend_adds_vllms_own_allocation(kimi_model, write, capsys) -> Non
     allocation = json.loads(out)["allocation"]  # stdout is the JSON alone
     assert allocation["backend"] == "marlin"
     assert allocation["intermediate_per_rank"] == {"plugin": 128, "upstream": 256}
+
+
+def test_with_pipeline_stages_the_allocation_is_per_stage(
+    kimi_model, write, capsys
+) -> None:
+    """A GPU of a stage holds its stage's MoE layers only: the stages' lines
+    (one MoE layer each here) add up to what one GPU holds without them."""
+    directory = str(write())
+    documents = []
+    for pp in ("1", "2"):
+        args = (directory, "--tp", "4", "--pp", pp, "--moe-backend", "marlin")
+        status, out = check(capsys, *args, "--json")
+        assert status == 0
+        documents.append(json.loads(out)["allocation"]["routed_bytes_per_gpu"])
+    whole, staged = documents
+    by_stage = staged["by_stage"]
+    assert [s["plugin"] for s in by_stage] == [whole["plugin"] // 2] * 2
+    assert staged["plugin"] == whole["plugin"] // 2  # the heaviest GPU's
+    status, out = check(
+        capsys, directory, "--tp", "4", "--pp", "2", "--moe-backend", "marlin"
+    )
+    half = f"{whole['plugin'] / 2 / 1e6:.2f} MB per GPU over its 1 MoE layer"
+    for stage in (0, 1):
+        assert f"stage {stage}: {half}" in out
+    assert "over the 2 main-model MoE layers" not in out
 
 
 def test_header_only_checkpoints_are_what_safetensors_reads(tmp_path, capsys) -> None:

@@ -126,6 +126,22 @@ def test_wide_table_has_every_column(kimi_model, capsys):
     assert "importing vLLM" in err
 
 
+def test_wide_table_keeps_the_default_tables_words(kimi_k3_deployment_plans):
+    """--wide adds columns, not names: vLLM (alone) and plugin, as the
+    default table, and the same group labels for the same figures."""
+    from vllm_kimi_k3_moe.tools.plan.report import table, wide_table
+
+    plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
+    wide, default = wide_table(plans), table(plans)
+    groups, columns = wide.splitlines()[2:4]
+    assert columns.split()[:3] == ["layout", "GPUs", "experts"]
+    assert set(columns.split()[3:]) == {"logical", "vLLM", "plugin", "floor"}
+    for label in ("weights GB/GPU", "fits", "KV tokens", "requests"):
+        assert label in groups
+    for word in ("upstream", "fixed"):
+        assert word not in wide and word not in default
+
+
 def test_default_table_fits_120_columns_and_says_why(kimi_model, capsys):
     assert main(["plan", "--gpu", "h100"]) == 0
     out = capsys.readouterr().out
@@ -275,6 +291,13 @@ BAD_INPUT = [
     # vLLM 0.33.0's Kimi-K3 MLA layer asserts prefill context parallelism away
     ("pcp", ["--tp", "8", "--pcp", "2"], ["prefill-context-parallel size 2", "MLA"]),
     ("pcp in the advisor", ["--gpus", "8", "--gpu", "b300", "--pcp", "2"], ["MLA"]),
+    # --max-model-len as vLLM's own parser function reads it (and refuses it)
+    ("binary suffix with decimals", ["--max-model-len", "1.5K"], ["'1.5K'", "1.5k"]),
+    ("not a length", ["--max-model-len", "abc"], ["'abc'", "128k = 128000"]),
+    ("vLLM's auto length", ["--max-model-len", "auto"], ["'auto'", "start-up"]),
+    ("no tokens", ["--max-model-len", "0"], ["'0'", "positive"]),
+    # other input is refused first, without vLLM's parser
+    ("bad length and tp", ["--max-model-len", "x", "--tp", "7"], ["heads"]),
 ]
 
 
@@ -367,11 +390,64 @@ def test_bad_config_file_is_one_line_and_exit_2(tmp_path, capsys, content, words
         assert word in err
 
 
-def test_unreadable_config_file(tmp_path, capsys):
+def test_a_directory_without_config_json(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
-        main(["plan", "--config", str(tmp_path)])  # a directory
+        main(["plan", "--config", str(tmp_path)])
     assert exited.value.code == 2
-    assert "cannot read config file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"vllm-kimi-k3-moe plan: error: argument --config: {tmp_path} is a "
+        "directory without a config.json"
+    ]
+
+
+def test_config_json_unreadable_is_one_line_without_errno(tmp_path, capsys):
+    (tmp_path / "config.json").mkdir()  # a directory where the file should be
+    with pytest.raises(SystemExit) as exited:
+        main(["check", str(tmp_path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Errno" not in err, err
+    assert "cannot read config file" in err and "Is a directory" in err
+
+
+def test_a_checkpoint_directory_is_read_as_its_config_json(tmp_path):
+    config = json.dumps({"text_config": KIMI_K3_TEXT_CONFIG})
+    (tmp_path / "config.json").write_text(config)
+    inputs = [
+        _plan_input(build_parser().parse_args(["plan", "--config", path]))
+        for path in (str(tmp_path), str(tmp_path / "config.json"))
+    ]
+    assert inputs[0] == inputs[1]
+
+
+def test_names_are_taken_in_any_case():
+    given = ["--quantization", "W4A16", "--moe-backend", "MARLIN"]
+    given += ["--kv-cache-dtype", "FP8", "--gpu", "H200", "--tp", "32"]
+    asked = _plan_input(build_parser().parse_args(["plan", *given]))
+    assert asked.quantization == "w4a16"
+    assert asked.backend == "marlin"
+    assert asked.serving.kv_cache_dtype == "fp8"
+    assert asked.gpu_title == "H200 141GB"
+
+
+@pytest.fixture(scope="module")
+def vllm_serve_parser():
+    """vLLM's own ``EngineArgs`` options, as ``vllm serve`` reads them."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
+
+    with a_cuda_platform_for_the_parser():
+        return EngineArgs.add_cli_args(FlexibleArgumentParser())
+
+
+@pytest.mark.parametrize("length", ["131072", "128k", "128K", "1.5m", " 25.6k "])
+def test_max_model_len_reads_as_vllm_reads_it(vllm_serve_parser, length):
+    args = build_parser().parse_args(["plan", "--tp", "8", "--max-model-len", length])
+    by_vllm = vllm_serve_parser.parse_args(["--max-model-len", length])
+    assert _plan_input(args).serving.max_model_len == by_vllm.max_model_len
 
 
 def test_console_script_is_installed_and_fails_fast():
@@ -404,11 +480,12 @@ def test_help_lists_the_backends():
 def test_readme_shows_the_default_table_on_h20s(kimi_k3_deployment_plans):
     from pathlib import Path
 
-    from vllm_kimi_k3_moe.tools.plan.report import table
+    from vllm_kimi_k3_moe.tools.plan.report import serve_commands, table
 
     readme = (Path(__file__).parents[3] / "README.md").read_text()
     plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
-    assert table(plans) in readme  # plan --gpu h20
+    # plan --gpu h20: the table, then the command of each layout that fits
+    assert f"{table(plans)}\n{serve_commands(plans)}\n```" in readme
 
 
 def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
@@ -457,3 +534,38 @@ def test_default_sizes_that_do_not_build_are_left_out_and_said(kimi_model, capsy
     out, err = capsys.readouterr()
     assert [d["deployment"]["tp_size"] for d in json.loads(out)] == [8, 16]
     assert "plan: left out TP32 DP64: moe_intermediate_size 3072" in err
+
+
+def test_each_layout_that_fits_gets_its_serve_command(kimi_k3_deployment_plans):
+    """plan --gpu h20: TP32 fits with the plugin only; its command is
+    printed under the table, and TP8's and TP16's, which do not fit, are
+    not, nor in --json."""
+    from vllm_kimi_k3_moe.tools.plan.report import serve_commands
+
+    plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
+    text = serve_commands(plans)
+    assert [line.strip() for line in text.splitlines() if line.endswith(":")] == [
+        "vllm serve (with the plugin installed), each layout that fits:",
+        "TP32:",
+    ]
+    assert "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 32 " in text
+    documents = [p.to_dict() for p in plans]
+    assert [d["serve_command"] is not None for d in documents] == [False, False, True]
+    assert documents[2]["serve_command"] == plans[2].serve_command
+
+
+def test_without_a_gpu_size_no_command_is_vouched_for(kimi_k3_deployment_plans):
+    from dataclasses import replace
+
+    from vllm_kimi_k3_moe.tools.plan.report import serve_commands
+
+    plan = replace(kimi_k3_deployment_plans[32], budget=None)
+    assert plan.to_dict()["serve_command"] is None
+    assert "given a GPU size (--gpu NAME" in serve_commands([plan])
+
+
+def test_a_note_is_in_the_rows_unit(kimi_k3_deployment_plans):
+    """TP8 on H20s: 206.0 GB of weights and the 6 GiB reserve (6.44 GB) need
+    212.4 GB; vLLM takes 0.92 of the 97285 MiB a CUDA process sees, 93.8 GB.
+    The note says it in GB, as the weights columns."""
+    assert kimi_k3_deployment_plans[8].reason() == "weights+reserve 212.4 > 93.8 GB"

@@ -8,8 +8,10 @@ routed-expert checkpoint bytes it loads, over every MoE layer), ``summary``
 (problems per kind and per shard), ``problems`` (every one: kind, subject,
 detail, shard), with ``--pp`` ``stages`` (each stage's ``layers`` [start,
 end), ``moe_layers`` and ``per_gpu``) and, with ``--moe-backend``,
-``allocation``. Encoded by msgspec: a release-sized
-checkpoint with every expert tensor wrong is about a million problems.
+``allocation`` (its ``routed_bytes_per_gpu``: the heaviest GPU's, with
+``--pp`` its stage's MoE layers only, each stage's in ``by_stage``).
+Encoded by msgspec: a release-sized checkpoint with every expert tensor
+wrong is about a million problems.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 import msgspec
 
 from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport
-from vllm_kimi_k3_moe.tools.check.sharding import GpuShare
+from vllm_kimi_k3_moe.tools.check.report import routed_bytes_by_stage
+from vllm_kimi_k3_moe.tools.check.sharding import GpuShare, StageShare
 from vllm_kimi_k3_moe.tools.plan.planner import MoeMemoryPlan
 
 
@@ -93,25 +96,32 @@ def _per_gpu(shares: list[GpuShare]) -> list[dict[str, Any]]:
     ]
 
 
-def allocation_dict(plan: MoeMemoryPlan) -> dict[str, Any]:
-    totals = plan.all_moe_layers
-    return {
+def allocation_dict(plan: MoeMemoryPlan, stages: list[StageShare]) -> dict[str, Any]:
+    """``routed_bytes_per_gpu``: what the heaviest GPU allocates (with
+    pipeline stages, its stage's MoE layers only; ``by_stage`` has each)."""
+    by_stage = routed_bytes_by_stage(plan, stages)
+    heaviest = max(by_stage, key=lambda pair: pair[0])
+    document = {
         "backend": plan.deployment.backend,
         "moe_layers": plan.moe_layers,
         "intermediate_per_rank": {
             "plugin": plan.fixed.intermediate_per_rank,
             "upstream": plan.upstream and plan.upstream.intermediate_per_rank,
         },
-        "routed_bytes_per_gpu": {
-            "plugin": totals["fixed_routed_bytes"],
-            "upstream": totals["upstream_routed_bytes"],
-        },
+        "routed_bytes_per_gpu": {"plugin": heaviest[0], "upstream": heaviest[1]},
         "upstream_refusal": plan.upstream_refusal,
     }
+    if stages:
+        document["routed_bytes_per_gpu"]["by_stage"] = [
+            {"stage": s.stage, "plugin": fixed, "upstream": alone}
+            for s, (fixed, alone) in zip(stages, by_stage, strict=True)
+        ]
+    return document
 
 
 def as_json(report: PreflightReport, plan: MoeMemoryPlan | None = None) -> bytes:
     document = as_dict(report)
     if plan is not None:
-        document["allocation"] = allocation_dict(plan)
+        stages = report.stages if report.parallelism.pp_size > 1 else []
+        document["allocation"] = allocation_dict(plan, stages)
     return msgspec.json.encode(document) + b"\n"  # Problems are Structs

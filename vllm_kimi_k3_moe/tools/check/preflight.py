@@ -47,7 +47,12 @@ from vllm_kimi_k3_moe.tools.topology import (
     validate_topology,
 )
 
-__all__ = ["PreflightInputError", "PreflightReport", "preflight"]
+__all__ = [
+    "PreflightInputError",
+    "PreflightReport",
+    "preflight",
+    "refuse_a_missing_directory",
+]
 
 _ANY_EXPERT_TENSOR = re.compile(r"layers\.\d+\.block_sparse_moe\.experts\.\d+\.")
 
@@ -202,15 +207,25 @@ def _log_unexpected(
             report.problems.add("unexpected", name, detail, shard_of[name])
 
 
+def refuse_a_missing_directory(directory: Path) -> None:
+    """``PreflightInputError`` unless ``directory`` is a directory."""
+    if directory.is_dir():
+        return
+    if directory.exists():
+        raise PreflightInputError(f"{directory} is a file, not a checkpoint directory")
+    hub_id = len(directory.parts) == 2 and not directory.is_absolute()
+    raise PreflightInputError(
+        f"checkpoint directory {directory} does not exist"
+        + ("; a Hugging Face id? check reads a downloaded copy" if hub_id else "")
+    )
+
+
 def preflight(
     directory: Path, parallelism: Topology, backend: str | None = None
 ) -> PreflightReport:
     """Check ``directory``'s routed experts for ``parallelism`` (and that
     ``backend``, if named, is an MoE kernel of the checkpoint's path)."""
-    if not directory.exists():
-        raise PreflightInputError(f"checkpoint directory {directory} does not exist")
-    if not directory.is_dir():
-        raise PreflightInputError(f"{directory} is a file, not a checkpoint directory")
+    refuse_a_missing_directory(directory)
     layout = read_layout(directory, language_model=backend is not None)
     try:
         if backend is not None:

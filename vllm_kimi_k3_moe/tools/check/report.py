@@ -15,7 +15,12 @@ from vllm_kimi_k3_moe.formats.layouts import PROJECTIONS
 from vllm_kimi_k3_moe.tools.check.layout import KimiK3Layout, layer_ranges
 from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport
 from vllm_kimi_k3_moe.tools.check.problems import Problem, ProblemLog
-from vllm_kimi_k3_moe.tools.check.sharding import GpuShare, ShareRun, row_runs
+from vllm_kimi_k3_moe.tools.check.sharding import (
+    GpuShare,
+    ShareRun,
+    StageShare,
+    row_runs,
+)
 from vllm_kimi_k3_moe.tools.plan.planner import MoeMemoryPlan
 
 EXAMPLES = 3  # problems shown per kind without --all
@@ -168,28 +173,50 @@ def _rows(run: ShareRun, intermediate: int) -> str:
     return f"{n} of {intermediate} intermediate rows each (GPU r: {where})"
 
 
-def allocation(plan: MoeMemoryPlan) -> list[str]:
-    """vLLM's allocation for the deployment, upstream and with the plugin."""
-    totals = plan.all_moe_layers
-    upstream, alone_bytes = plan.upstream, totals["upstream_routed_bytes"]
+def routed_bytes_by_stage(
+    plan: MoeMemoryPlan, stages: list[StageShare]
+) -> list[tuple[int, int | None]]:
+    """(with the plugin, vLLM alone's or None) routed-expert bytes one GPU of
+    each pipeline stage allocates: its stage's main-model MoE layers only;
+    without pipeline stages, every one of them."""
+    counts = [len(s.moe_layers) for s in stages] if stages else [plan.moe_layers]
+    upstream = plan.upstream
     return [
-        f"allocated   on {plan.deployment.backend}, by {VLLM}'s own layer: "
-        f"{plan.fixed.intermediate_per_rank} intermediate rows per expert with "
-        f"this plugin "
-        + (
-            f"(upstream {upstream.intermediate_per_rank}); "
-            if upstream is not None
-            else f"({VLLM} alone cannot build it: {plan.upstream_refusal}); "
-        )
-        + f"routed experts {_bytes(totals['fixed_routed_bytes'])} per GPU over the "
-        f"{plan.moe_layers} main-model MoE layers"
-        + ("" if alone_bytes is None else f" (upstream {_bytes(alone_bytes)})")
-        + (
-            "; with PP a GPU holds its stage's layers of it"
-            if plan.deployment.pp_size > 1
-            else ""
-        )
+        (plan.fixed.routed_bytes * n, upstream and upstream.routed_bytes * n)
+        for n in counts
     ]
+
+
+def allocation(plan: MoeMemoryPlan, stages: list[StageShare]) -> list[str]:
+    """vLLM's allocation for the deployment, upstream and with the plugin:
+    what one GPU holds, per pipeline stage where there are stages."""
+    upstream = plan.upstream
+    rows = (
+        f"{plan.fixed.intermediate_per_rank} intermediate rows per expert with "
+        "this plugin "
+        + (
+            f"(upstream {upstream.intermediate_per_rank})"
+            if upstream is not None
+            else f"({VLLM} alone cannot build it: {plan.upstream_refusal})"
+        )
+    )
+    head = f"allocated   on {plan.deployment.backend}, by {VLLM}'s own layer: {rows}"
+    by_stage = routed_bytes_by_stage(plan, stages)
+    if not stages:
+        ((fixed, alone),) = by_stage
+        return [
+            f"{head}; routed experts {_bytes(fixed)} per GPU over the "
+            f"{plan.moe_layers} main-model MoE layers"
+            + ("" if alone is None else f" (upstream {_bytes(alone)})")
+        ]
+    lines = [f"{head}; routed experts per GPU, its stage's MoE layers only:"]
+    for stage, (fixed, alone) in zip(stages, by_stage, strict=True):
+        lines.append(
+            f"{INDENT}stage {stage.stage}: {_bytes(fixed)} per GPU over its "
+            f"{_plural(len(stage.moe_layers), 'MoE layer')}"
+            + ("" if alone is None else f" (upstream {_bytes(alone)})")
+        )
+    return lines
 
 
 def problem_lines(problems: ProblemLog, show_all: bool = False) -> list[str]:

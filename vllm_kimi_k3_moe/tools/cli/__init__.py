@@ -7,10 +7,13 @@ from a checkpoint's ``config.json`` and shard headers, that every
 routed-expert tensor will land on every rank, before a deployment spends its
 GPUs finding out. ``selftest``, on one GPU of the cluster, runs every
 rank's partition through the kernel vLLM selects there and sums the ranks
-against the unsharded experts. ``--version`` says what is installed and
-what is supported, for bug reports.
+against the unsharded experts. ``doctor`` asks vLLM's plugin loader
+whether it loads the plugin under the current ``VLLM_PLUGINS`` and says
+which server log line shows it is on. ``--version`` says what is installed
+and what is supported, for bug reports.
 
-Each subcommand is one module (``plan``, ``check``, ``selftest``) whose ``add_command``
+Each subcommand is one module (``plan``, ``check``, ``selftest``, ``doctor``)
+whose ``add_command``
 adds its parser and names its ``run`` function (``set_defaults(run=...)``);
 ``main`` parses and calls it. Input is validated before vLLM is imported,
 and bad input ends with one line on stderr and exit status 2.
@@ -23,11 +26,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.tools.cli import check, plan, selftest
+from vllm_kimi_k3_moe.tools.cli import check, doctor, plan, selftest
 from vllm_kimi_k3_moe.tools.cli.common import PROG, OneLineErrorParser
 from vllm_kimi_k3_moe.tools.cli.version import version_report
 
-SUBCOMMANDS = (plan, check, selftest)
+SUBCOMMANDS = (plan, check, selftest, doctor)
 
 
 class _PrintVersion(argparse.Action):
@@ -49,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs=0,
         default=argparse.SUPPRESS,
         help="print this plugin's version, the vLLM series it supports and the "
-        "vLLM installed (from package metadata: vLLM is not imported), then exit",
+        "vLLM installed (from package metadata: vLLM is not imported), then "
+        "exit; whether vLLM loads the plugin: doctor",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for subcommand in SUBCOMMANDS:

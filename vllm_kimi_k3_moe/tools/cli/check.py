@@ -16,6 +16,7 @@ from vllm_kimi_k3_moe.tools.check.preflight import (
     PreflightInputError,
     PreflightReport,
     preflight,
+    refuse_a_missing_directory,
 )
 from vllm_kimi_k3_moe.tools.check.report import (
     allocation,
@@ -28,6 +29,7 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     add_context_parallel,
     add_dp_and_ep,
     fail,
+    no_background_kernel_builds,
     positive_int,
     quiet_vllm,
 )
@@ -36,7 +38,11 @@ from vllm_kimi_k3_moe.tools.plan.planner import (
     PlanError,
     plan_deployment,
 )
-from vllm_kimi_k3_moe.tools.serve_line import read_serve_command, serve_words
+from vllm_kimi_k3_moe.tools.serve_line import (
+    named_model,
+    read_serve_command,
+    serve_words,
+)
 from vllm_kimi_k3_moe.tools.topology import (
     Deployment,
     DeploymentError,
@@ -185,7 +191,10 @@ def _asked(args: argparse.Namespace) -> CheckInput:
         raise DeploymentError(
             f"--serve-command gives the layout; drop {', '.join(given)}"
         )
-    serve_words(args.serve_command)  # what is not a serve line, before vLLM
+    words = serve_words(args.serve_command)  # what is not a serve line
+    model = args.checkpoint or named_model(words)
+    if model is not None:  # a missing checkpoint, before vLLM's parser
+        refuse_a_missing_directory(Path(model))
     print("reading the serve command with vLLM's parser ...", file=sys.stderr)
     with quiet_vllm():
         line = read_serve_command(args.serve_command)
@@ -198,6 +207,7 @@ def _asked(args: argparse.Namespace) -> CheckInput:
 
 
 def run(args: argparse.Namespace) -> int:
+    no_background_kernel_builds()  # vLLM's parser and model on the meta device only
     try:  # refuses what it cannot use before reading the shards
         asked = _asked(args)
         validate_prefill_context_parallel(asked.pcp_size)
@@ -213,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
     # The summary first: building vLLM's model takes a while.
     print("\n".join([*headline(report), *summary(report)]), flush=True)
     if backend is not None:
-        print("\n".join(allocation(_vllm_allocation(report, backend))))
+        stages = report.stages if report.parallelism.pp_size > 1 else []
+        print("\n".join(allocation(_vllm_allocation(report, backend), stages)))
     print("\n".join([*problem_lines(report.problems, args.show_all), *verdict(report)]))
     return report.status
 

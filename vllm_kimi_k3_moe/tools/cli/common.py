@@ -1,6 +1,7 @@
 """What every subcommand's parser shares: one-line errors, number parsing,
-the topology options (DP, EP, DCP, PCP), the format and kernel options, and
-vLLM's logs kept off stdout."""
+the topology options (DP, EP, DCP, PCP), the format and kernel options,
+vLLM's logs kept off stdout, and no background kernel builds in a CPU-only
+tool process."""
 
 from __future__ import annotations
 
@@ -11,12 +12,31 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS
+from vllm_kimi_k3_moe.tools.topology import DeploymentError
 
 PROG = "vllm-kimi-k3-moe"
 USAGE_ERROR = 2
+CONFIG_JSON = "config.json"
+
+# humming (a vLLM 0.33.0 dependency, imported with vLLM's MoE kernels) starts
+# two Python processes the moment it is imported, building its CUDA launcher
+# and its NVRTC helper in the background (humming/ops/utils.py,
+# humming/utils/nvrtc.py), unless this variable is exactly "1"; with it, each
+# is built in the process that first launches a humming kernel. A tool that
+# runs vLLM on the CPU never launches one: there the two builds only compete
+# for the cores (each imports torch).
+HUMMING_BACKGROUND_BUILDS = "HUMMING_DISABLE_PARALLEL_BUILD"
+
+
+def no_background_kernel_builds() -> None:
+    """Turn humming's background builds off in this process and its children,
+    unless the environment already says otherwise. Only the tools call it,
+    for their own CPU-only work: a serving process never imports them."""
+    os.environ.setdefault(HUMMING_BACKGROUND_BUILDS, "1")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -55,6 +75,48 @@ def positive_float(text: str) -> float:
 
 
 fraction = finite_float  # range-checked where it is used (GpuBudget)
+
+
+def config_file(text: str) -> Path:
+    """``--config``: a ``config.json``, or a directory holding one (a
+    checkpoint's, or the one file downloaded of it)."""
+    path = Path(text)
+    if path.is_dir():
+        if not (path / CONFIG_JSON).is_file():
+            raise argparse.ArgumentTypeError(
+                f"{text} is a directory without a {CONFIG_JSON}"
+            )
+        return path / CONFIG_JSON
+    return path
+
+
+def max_model_len(text: str) -> int:
+    """vLLM's ``--max-model-len``, read by vLLM's own parser function
+    (``human_readable_int_or_auto``: 131072, 128k = 128000, 128K = 131072,
+    1.5m); ``DeploymentError`` in one line where it refuses. Imports vLLM's
+    argument utilities, and with them torch (seconds): call it after every
+    check that needs no vLLM. vLLM's ``auto`` (-1) is refused too: vLLM
+    picks that length from the GPU it starts on."""
+    with quiet_vllm():
+        from vllm.utils.argparse_utils import human_readable_int_or_auto
+    where = f"--max-model-len {text!r}"
+    try:
+        value = human_readable_int_or_auto(text)
+    except argparse.ArgumentTypeError as error:  # its own words
+        raise DeploymentError(f"{where}: {error}") from None
+    except ValueError:
+        raise DeploymentError(
+            f"{where} is not a length vLLM takes (e.g. 131072, 128k = 128000, "
+            "128K = 131072)"
+        ) from None
+    if value == -1:
+        raise DeploymentError(
+            f"{where}: vLLM picks that length on the GPU at start-up; give one "
+            "(plan reports the longest that fits when a request of it does not)"
+        )
+    if value < 1:
+        raise DeploymentError(f"{where} is not a positive length")
+    return value
 
 
 def add_dp_and_ep(command: argparse.ArgumentParser) -> None:
@@ -140,6 +202,7 @@ def add_format_and_backend(command: argparse.ArgumentParser) -> None:
     """``--quantization`` and ``--moe-backend``, as ``plan`` takes them."""
     command.add_argument(
         "--quantization",
+        type=str.lower,
         choices=FORMAT_NAMES,
         help="the checkpoint's format, with its published quantization config: "
         "mxfp4 (the release, compressed-tensors mxfp4-pack-quantized, which "

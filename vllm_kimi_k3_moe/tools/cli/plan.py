@@ -3,29 +3,37 @@
 Two modes. With ``--gpus N`` (and a GPU: ``--gpu NAME`` or
 ``--gpu-memory-gib X``) the advisor lists every layout of exactly N GPUs
 vLLM builds (DCP sizes included), fitting first and most KV cache first,
-the public ones marked, with ``vllm serve`` commands. With ``--tp``
-(default 8 16 32, and ``--pp``/``--dp``/``--ep``/``--dcp``) one row per
-tensor-parallel size. Every input error ends the command before vLLM's
-import (the slow part), in one line with exit status 2.
+the public ones marked, with the ``vllm serve`` commands of the first few
+and of the public ones, and the ``plan`` command (the other mode) that
+prints any other layout's. With ``--tp`` (default 8 16 32, and
+``--pp``/``--dp``/``--ep``/``--dcp``) one row per tensor-parallel size and,
+given a GPU size, the ``vllm serve`` command of each layout that fits: plan
+prints a command only where it says the layout fits. Every input error ends
+the command before vLLM's model is imported (the slow part), in one line
+with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
 from vllm_kimi_k3_moe.tools.cli.common import (
+    PROG,
     add_context_parallel,
     add_dp_and_ep,
     add_format_and_backend,
     backends_by_format,
+    config_file,
     fail,
     fraction,
+    max_model_len,
+    no_background_kernel_builds,
     positive_float,
     positive_int,
     quiet_vllm,
@@ -39,7 +47,13 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
-from vllm_kimi_k3_moe.tools.plan.report import advice, as_json, table, wide_table
+from vllm_kimi_k3_moe.tools.plan.report import (
+    advice,
+    as_json,
+    serve_commands,
+    table,
+    wide_table,
+)
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
@@ -54,6 +68,7 @@ from vllm_kimi_k3_moe.tools.topology import (
     Deployment,
     DeploymentError,
     Serving,
+    Topology,
     layouts,
     validate,
     validate_backend,
@@ -90,8 +105,11 @@ def add_command(commands: Subcommands) -> None:
             "parallel size, that vLLM builds for the format and kernel, "
             "ordered by memory alone (fitting first, most KV cache first; "
             "speed is not measured), marks the layouts public deployments run "
-            "on that GPU, and prints the vllm serve commands of the first few "
-            "and of those. Otherwise one row per --tp size (default 8 16 32)."
+            "on that GPU, prints the vllm serve commands of the first few "
+            "and of those, and the plan command that gives any other's. "
+            "Otherwise one row per --tp size (default 8 16 32), and, with a GPU "
+            "size, the vllm serve command of each that fits (--json: the same, "
+            "null where a layout does not fit)."
         ),
         epilog=(
             f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees. "
@@ -141,16 +159,17 @@ def add_command(commands: Subcommands) -> None:
     add_format_and_backend(plan)
     plan.add_argument(
         "--kv-cache-dtype",
+        type=str.lower,
         choices=KV_CACHE_DTYPES,
         help="vLLM's --kv-cache-dtype: auto (bfloat16) or fp8 (default: auto); "
         "the table shows the KV cache with a GPU size",
     )
     plan.add_argument(
         "--max-model-len",
-        type=positive_int,
         metavar="N",
-        help=f"vLLM's --max-model-len, in tokens (default: {DEFAULT_MAX_MODEL_LEN}); "
-        "the table shows the KV cache with a GPU size",
+        help=f"vLLM's --max-model-len, in tokens, as vLLM reads it (131072, 128k "
+        f"= 128000, 128K = 131072; default: {DEFAULT_MAX_MODEL_LEN}); the table "
+        "shows the KV cache with a GPU size",
     )
     plan.add_argument(
         "--gpu-memory-utilization",
@@ -176,9 +195,10 @@ def add_command(commands: Subcommands) -> None:
     )
     plan.add_argument(
         "--config",
-        type=Path,
+        type=config_file,
         metavar="PATH",
-        help="a Hugging Face config.json with Kimi-K3's whole text config "
+        help="a Hugging Face config.json (or a directory holding one) with "
+        "Kimi-K3's whole text config "
         "(may be nested under text_config); default: Kimi-K3's published "
         "text_config (hidden 7168, 93 layers: 24 MLA + 69 KDA, 92 MoE with "
         "896 experts of 3072, latent 3584, vocab 163840)",
@@ -187,7 +207,8 @@ def add_command(commands: Subcommands) -> None:
         "--model",
         default=DEFAULT_MODEL,
         metavar="PATH_OR_ID",
-        help=f"the checkpoint the serve commands name (default: {DEFAULT_MODEL})",
+        help="the checkpoint the serve commands name: a local directory or a "
+        f"Hugging Face id (default: {DEFAULT_MODEL}, the release)",
     )
     plan.add_argument(
         "--wide",
@@ -266,7 +287,8 @@ def _note_kv_options_unused(args: argparse.Namespace) -> None:
 
 
 def _plan_input(args: argparse.Namespace) -> PlanInput:
-    """Every input error ends the command here, before vLLM is imported."""
+    """Every input error ends the command here, before vLLM's model is
+    imported (a --max-model-len is read last, by vLLM's own parser function)."""
     try:
         text_config = (
             KIMI_K3_TEXT_CONFIG
@@ -275,13 +297,6 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         )
         fmt, quantization_config, quantization_title = _quantization(args)
         budget, gpu_title = _budget(args)
-        default = Serving()
-        serving = Serving(
-            args.kv_cache_dtype or default.kv_cache_dtype,
-            args.max_model_len or default.max_model_len,
-            args.language_model_only,
-        )
-        validate_serving(serving)
         validate_prefill_context_parallel(args.pcp_size)
         backend = args.moe_backend.lower()
         if args.gpus is not None:
@@ -314,7 +329,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                     "stage's GPUs in whole scale groups (or its "
                     f"{text_config['num_experts']} experts, with --ep)"
                 )
-            deployments = []
+            deployments, left_out = [], []
         else:
             deployments = [
                 Deployment(
@@ -328,10 +343,24 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                 )
                 for tp in args.tp_sizes or DEFAULT_TP_SIZES
             ]
-            deployments = _buildable(text_config, deployments, args.tp_sizes is None)
+            deployments, left_out = _buildable(
+                text_config, deployments, args.tp_sizes is None
+            )
+        default = Serving()
+        serving = Serving(  # --max-model-len last: vLLM's parser imports torch
+            args.kv_cache_dtype or default.kv_cache_dtype,
+            default.max_model_len
+            if args.max_model_len is None
+            else max_model_len(args.max_model_len),
+            args.language_model_only,
+        )
+        validate_serving(serving)
     except (ConfigFileError, DeploymentError, BudgetError, GpuError, FormatError) as e:
         fail("plan", str(e))
-    if budget is None and not args.json:  # after every error: those are one line
+    # after every error: those are one line
+    for line in left_out:
+        print(line, file=sys.stderr)
+    if budget is None and not args.json:
         _note_kv_options_unused(args)
     return PlanInput(
         text_config,
@@ -372,10 +401,10 @@ def _quantization(
 
 def _buildable(
     text_config: dict[str, Any], deployments: list[Deployment], defaults: bool
-) -> list[Deployment]:
+) -> tuple[list[Deployment], list[str]]:
     """The deployments vLLM builds. Sizes the operator named must all build
     (the first that does not is the error); of the default TP sizes, those
-    that do not are left out, each said in one line on stderr, unless none
+    that do not are left out, each said in a line for stderr, unless none
     builds (then the first one's reason is the error)."""
     kept, left_out = [], []
     for deployment in deployments:
@@ -389,12 +418,11 @@ def _buildable(
         kept.append(deployment)
     if not kept:
         raise left_out[0][1]
-    for deployment, error in left_out:
-        print(f"plan: left out {deployment.label()}: {error}", file=sys.stderr)
-    return kept
+    return kept, [f"plan: left out {d.label()}: {error}" for d, error in left_out]
 
 
 def run(args: argparse.Namespace) -> int:
+    no_background_kernel_builds()  # plan runs vLLM on the meta device only
     asked = _plan_input(args)
     print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
     try:
@@ -419,6 +447,7 @@ def run(args: argparse.Namespace) -> int:
         print(as_json(plans))
     elif args.wide:
         print(wide_table(plans, asked.quantization_title))
+        print(serve_commands(plans))
     elif args.gpus is not None:
         title = (
             f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: "
@@ -427,7 +456,64 @@ def run(args: argparse.Namespace) -> int:
             "GB = 10^9 bytes"
         )
         public = public_layouts(args.gpu, args.gpus)
-        print(advice(plans, refused, title, public))
+        unmarked = (
+            f"No row is marked *: no public deployment of Kimi-K3 on {args.gpus} "
+            f"x {asked.gpu_title} states its layout that plan knows of."
+            if args.gpu is not None
+            else "No row is marked *: public layouts are known by GPU kind "
+            "(--gpu NAME), not by memory."
+        )
+        print(
+            advice(
+                plans,
+                refused,
+                title,
+                public,
+                unmarked,
+                lambda topology: plan_command(args, topology),
+            )
+        )
     else:
         print(table(plans, format_title=asked.quantization_title))
+        print(serve_commands(plans))
     return 0
+
+
+def plan_command(args: argparse.Namespace, topology: Topology) -> str:
+    """The ``plan`` command that sizes ``topology`` alone, as the advisor
+    sized it (every other option the advisor was given), and prints its
+    ``vllm serve`` command."""
+    words = [PROG, "plan"]
+    words += (
+        ["--gpu", args.gpu]
+        if args.gpu
+        else ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
+    )
+    words += ["--tp", str(topology.tp_size)]
+    for option, size in (
+        ("--dcp", topology.dcp_size),
+        ("--pp", topology.pp_size),
+        ("--dp", topology.dp_size),
+    ):
+        if size > 1:
+            words += [option, str(size)]
+    if topology.expert_parallel:
+        words.append("--ep")
+    for option, value in (
+        ("--quantization", args.quantization),
+        ("--config", args.config),
+        (
+            "--moe-backend",
+            args.moe_backend if args.moe_backend.lower() != "marlin" else None,
+        ),
+        ("--kv-cache-dtype", args.kv_cache_dtype),
+        ("--max-model-len", args.max_model_len),
+        ("--gpu-memory-utilization", args.gpu_memory_utilization),
+        ("--reserve-gib", args.reserve_gib),
+        ("--model", args.model if args.model != DEFAULT_MODEL else None),
+    ):
+        if value is not None:
+            words += [option, f"{value:g}" if isinstance(value, float) else str(value)]
+    if args.language_model_only:
+        words.append("--language-model-only")
+    return shlex.join(words)

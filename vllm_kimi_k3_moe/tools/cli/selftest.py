@@ -20,7 +20,9 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     add_dp_and_ep,
     add_format_and_backend,
     backends_by_format,
+    config_file,
     fail,
+    no_background_kernel_builds,
     positive_int,
     quiet_vllm,
 )
@@ -105,9 +107,10 @@ def add_command(commands: Subcommands) -> None:
     selftest.set_defaults(quantization=None)  # --checkpoint's, else mxfp4
     selftest.add_argument(
         "--config",
-        type=Path,
+        type=config_file,
         metavar="PATH",
-        help="a Hugging Face config.json whose MoE fields replace Kimi-K3's "
+        help="a Hugging Face config.json (or a directory holding one) whose MoE "
+        "fields replace Kimi-K3's "
         "published ones (may be nested under text_config)",
     )
     selftest.add_argument(
@@ -189,6 +192,8 @@ def _selftest_input(args: argparse.Namespace) -> SelftestInput:
 def _run(asked: SelftestInput, workdir: Path) -> SelftestResult:
     import torch
 
+    if not torch.cuda.is_available():  # the CPU reference launches no GPU kernel
+        no_background_kernel_builds()
     # as vLLM's plugin loader does in every process it starts
     vllm_kimi_k3_moe.register()
     kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import shlex
 import textwrap
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
 from vllm_kimi_k3_moe.tools.plan.public_layouts import PublicLayout
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.topology import Serving, Topology
 
 GB = 10**9
 SERVE_COMMANDS_SHOWN = 3  # the advisor's text; --json has every one
@@ -66,18 +67,18 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
     first = plans[0]
     layers = first.moe.moe_layers
     budget, serving = first.budget, first.serving
-    groups = [
-        ("", ["config", "GPUs", "experts"]),
-        ("I per rank", ["logical", "upstream", "fixed"]),
-        ("routed GB per layer", ["upstream", "fixed", "floor"]),
-        (f"routed GB, {layers} layers", ["upstream", "fixed", "floor"]),
-        ("whole model GB", ["upstream", "fixed"]),
+    groups = [  # the default table's words: vLLM (alone), plugin
+        ("", ["layout", "GPUs", "experts"]),
+        ("rows per GPU", ["logical", "vLLM", "plugin"]),
+        ("routed GB per layer", ["vLLM", "plugin", "floor"]),
+        (f"routed GB, {layers} layers", ["vLLM", "plugin", "floor"]),
+        ("weights GB/GPU", ["vLLM", "plugin"]),
     ]
     if budget is not None:
         groups += [
-            (f"fits {budget.gpu_memory_gib:g} GiB", ["upstream", "fixed"]),
-            ("KV cache tokens", ["upstream", "fixed"]),
-            (f"requests of {serving.max_model_len}", ["upstream", "fixed"]),
+            ("fits", ["vLLM", "plugin"]),
+            ("KV tokens", ["vLLM", "plugin"]),
+            ("requests", ["vLLM", "plugin"]),
         ]
     rows = []
     for p in plans:
@@ -107,24 +108,22 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
 
     d = first.deployment
     notes = [
-        "experts: routed experts per GPU. I per rank: routed-expert intermediate",
-        f"size per GPU: the logical slice, what {VLLM} allocates (upstream)",
-        "and what it allocates with this plugin (fixed). floor: the routed experts",
-        "at exactly the logical size. whole model: every parameter of the",
+        "experts: routed experts per GPU. rows per GPU: each routed expert's",
+        "intermediate rows on a GPU: its logical slice, what vLLM alone allocates",
+        f"({VLLM}) and what it allocates with this plugin. floor: the routed",
+        "experts at exactly the logical size. weights: every parameter of the",
         "Kimi-K3 model vLLM serves on the heaviest GPU (embeddings, lm_head, MLA",
         "and KDA attention, dense layer, MoE layers, norms, the vision tower).",
     ]
     if budget is not None:
         kv = first.kv_cache
         notes += [
-            f"fits: vLLM takes {budget.utilization:g} of {budget.gpu_memory_gib:g} "
-            "GiB (--gpu-memory-utilization), less the weights",
-            f"and a {budget.reserve_gib:g} GiB reserve for activations and CUDA "
-            "graphs (--reserve-gib, an",
-            "estimate); the rest is KV cache, sized by vLLM's own block-pool",
-            "planner from the built layers' KV-cache specs. It fits when that",
-            f"holds one request of --max-model-len {serving.max_model_len}; "
-            "requests: how many of that length.",
+            *_fits_note(
+                budget,
+                serving,
+                "sized by vLLM's own block-pool planner from the built layers' "
+                "KV-cache specs; requests: how many of --max-model-len it holds.",
+            ),
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} bytes "
             f"per token on every GPU ({kv.mla_layers} MLA layers), plus",
             f"the state of {kv.kda_layers} KDA layers per sequence, split by TP.",
@@ -217,17 +216,27 @@ def table(
         lines.append("it does not fit (why: --json, upstream_refusal).")
     if budget is not None:
         kv = first.kv_cache
-        lines += [
-            f"fits: vLLM takes {budget.utilization:g} of each GPU "
-            "(--gpu-memory-utilization), less the weights",
-            f"and a {budget.reserve_gib:g} GiB reserve (--reserve-gib, an "
-            "estimate); the rest is KV cache, sized by",
-            "vLLM's own planner; it fits when that holds one request of "
-            f"--max-model-len {serving.max_model_len}.",
+        lines += _fits_note(budget, serving, "sized by vLLM's own planner.")
+        lines.append(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
-            "per token on every GPU, plus KDA state per sequence.",
-        ]
+            "per token on every GPU, plus KDA state per sequence."
+        )
     return "\n".join(lines + _dcp_note(plans))
+
+
+def _fits_note(budget: GpuBudget, serving: Serving, rest: str) -> list[str]:
+    """What "fits" means, in the rows' GB (the options are in GiB), then
+    ``rest``; wrapped to 80 columns."""
+    return textwrap.wrap(
+        f"fits: vLLM takes {budget.utilization:g} of each GPU "
+        f"(--gpu-memory-utilization: {budget.requested_bytes / GB:.1f} GB of "
+        f"{budget.gpu_memory_gib:g} GiB), less the weights and a "
+        f"{budget.reserve_bytes / GB:.1f} GB reserve (--reserve-gib "
+        f"{budget.reserve_gib:g}, an estimate); the rest is KV cache, {rest} "
+        "It fits when that holds one request of --max-model-len "
+        f"{serving.max_model_len}.",
+        80,
+    )
 
 
 def _dcp_note(plans: Sequence[DeploymentPlan]) -> list[str]:
@@ -276,8 +285,29 @@ def _in_table(plan: DeploymentPlan) -> bool:
 def _serve_commands(heading: str, plans: Sequence[DeploymentPlan]) -> list[str]:
     lines = ["", heading]
     for p in plans:
-        lines += [f"  {p.deployment.label()}:", *_wrapped(p.serve_command)]
+        assert p.advised_command is not None  # only layouts that fit
+        lines += [f"  {p.deployment.label()}:", *_wrapped(p.advised_command)]
     return lines
+
+
+def serve_commands(plans: Sequence[DeploymentPlan]) -> str:
+    """Under the table of the layouts asked for: the ``vllm serve`` command
+    of each that fits, or why there is none."""
+    if plans[0].budget is None:
+        return "\n".join(
+            _paragraph(
+                "vllm serve commands: given a GPU size (--gpu NAME or "
+                "--gpu-memory-gib X), plan prints one for each layout that fits."
+            )
+        )
+    fitting = [p for p in plans if p.advised_command]
+    if not fitting:
+        return "\nNo layout fits, so no vllm serve command: see the note column."
+    return "\n".join(
+        _serve_commands(
+            "vllm serve (with the plugin installed), each layout that fits:", fitting
+        )
+    )
 
 
 def advice(
@@ -285,11 +315,15 @@ def advice(
     refused: Sequence[str],
     title: str,
     public: Sequence[PublicLayout] = (),
+    unmarked: str = "",
+    pick: Callable[[Topology], str] | None = None,
 ) -> str:
     """The advisor's answer: the layouts that build, ordered by memory as
     the planner orders them (fitting first, most KV cache first), those run
-    in public (``public``) marked, then the ``vllm serve`` commands of the
-    first few that fit and of the public ones that fit."""
+    in public (``public``) marked (else ``unmarked`` says why none is), then
+    the ``vllm serve`` commands of the first few that fit and of the public
+    ones that fit, and (``pick``: the plan command that sizes one layout
+    alone) how to get any other's."""
     marked = {layout.topology for layout in public}
     rows = [p for p in plans if _in_table(p)]
     heading = (
@@ -302,6 +336,8 @@ def advice(
         lines += _paragraph(
             f"* run in public on these GPUs: {sources}; not a speed ranking."
         )
+    elif unmarked:
+        lines += _paragraph(unmarked)
     left_out = len(plans) - len(rows)
     if left_out:
         lines += _paragraph(
@@ -310,20 +346,24 @@ def advice(
             "= TP) or whose weights do not fit (DCP changes no weight); --json "
             "lists every one."
         )
-    fitting = [p for p in plans if p.fits("fixed")]
+    fitting = [p for p in plans if p.advised_command]
     if fitting:
         shown = fitting[:SERVE_COMMANDS_SHOWN]
         lines += _serve_commands(
             "vllm serve (with the plugin installed), most KV cache first:", shown
         )
-        if len(fitting) > len(shown):
-            lines.append(
-                f"  and {len(fitting) - len(shown)} more that fit: --json gives "
-                "every layout's command"
-            )
         beaten = [p for p in fitting[len(shown) :] if p.deployment.topology in marked]
         if beaten:
             lines += _serve_commands("vllm serve, the public layouts (*):", beaten)
+        others = [p for p in fitting[len(shown) :] if p not in beaten]
+        if others and pick is not None:
+            example = others[0].deployment
+            lines += [
+                "",
+                f"{len(others)} more fit (--json: each one's command). Any "
+                f"layout's command alone, for example {example.label()}'s:",
+                f"    {pick(example.topology)}",
+            ]
     else:
         lines += ["", "No layout fits: see the note column."]
     if refused:

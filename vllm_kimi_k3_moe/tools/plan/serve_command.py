@@ -12,8 +12,10 @@ import shlex
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
-# What the command names the checkpoint when plan is not told (--model).
-DEFAULT_MODEL = "/path/to/Kimi-K3"
+# What the command names the checkpoint when plan is not told (--model): the
+# release's Hugging Face id, which vllm serve downloads (about 1.5 TB) unless
+# it is given a local copy.
+DEFAULT_MODEL = "moonshotai/Kimi-K3"
 
 
 def serve_command(

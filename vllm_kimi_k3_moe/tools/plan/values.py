@@ -15,8 +15,10 @@ from typing import Any
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, ModelAllocation
 from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape, KvCapacity
-from vllm_kimi_k3_moe.tools.gpu_budget import GIB, GpuBudget
+from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+
+GB = 10**9  # the unit of every size plan reports per GPU
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,13 @@ class DeploymentPlan:
         return capacity is not None and capacity.tokens > 0
 
     @property
+    def advised_command(self) -> str | None:
+        """The ``vllm serve`` command plan stands behind: where the layout
+        fits with the plugin on the GPU size given; None where it does not
+        or, without a GPU size, where plan cannot tell."""
+        return self.serve_command if self.fits("fixed") else None
+
+    @property
     def plugin_makes_it_fit(self) -> bool:
         return bool(self.fits("fixed")) and not self.fits("upstream")
 
@@ -163,12 +172,12 @@ class DeploymentPlan:
         if capacity is None or capacity.tokens > 0 or self.budget is None:
             return None
         stage = f"stage {capacity.binding_stage} " if len(self.stages) > 1 else ""
-        if capacity.available_bytes <= 0:
+        if capacity.available_bytes <= 0:  # in GB, as the weights columns
             weights = getattr(self.stages[capacity.binding_stage], side)
-            need = weights.total_bytes / GIB + self.budget.reserve_gib
+            need = (weights.total_bytes + self.budget.reserve_bytes) / GB
             return (
                 f"{stage}weights+reserve {need:.1f} > "
-                f"{self.budget.requested_bytes / GIB:.1f} GiB"
+                f"{self.budget.requested_bytes / GB:.1f} GB"
             )
         longest = capacity.fitting_max_model_len
         if longest:
@@ -214,5 +223,5 @@ class DeploymentPlan:
                 "plugin_makes_it_fit": self.plugin_makes_it_fit,
             }
             document["reason"] = self.reason()
-        document["serve_command"] = self.serve_command
+        document["serve_command"] = self.advised_command
         return document

@@ -1,0 +1,96 @@
+"""``vllm-kimi-k3-moe doctor`` answers as vLLM's plugin loader does under each
+``VLLM_PLUGINS``, says why it is off, and names the log line a real build of
+Kimi-K3's MoE layer logs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from vllm_kimi_k3_moe.tools.cli import doctor, main
+from vllm_kimi_k3_moe.tools.topology import Topology
+
+UNSET = None
+# (VLLM_PLUGINS, whether vLLM loads the plugin, words of doctor's answer)
+SETTINGS = [
+    (UNSET, True, ["unset", "ON "]),
+    ("kimi_k3_moe", True, ["ON "]),
+    ("lora_filesystem_resolver,kimi_k3_moe", True, ["ON "]),
+    (
+        "lora_filesystem_resolver",
+        False,
+        [
+            "does not name kimi_k3_moe",
+            "VLLM_PLUGINS=lora_filesystem_resolver,kimi_k3_moe",
+        ],
+    ),
+    ("", False, ["names no plugin", "VLLM_PLUGINS=kimi_k3_moe"]),
+    # vLLM splits at commas and strips nothing
+    (
+        "lora_filesystem_resolver, kimi_k3_moe",
+        False,
+        [
+            "' kimi_k3_moe'",
+            "strips",
+            "VLLM_PLUGINS=lora_filesystem_resolver,kimi_k3_moe, or",
+        ],
+    ),
+    ("KIMI_K3_MOE", False, ["'KIMI_K3_MOE', not 'kimi_k3_moe'"]),
+]
+
+
+def environment(plugins: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    if plugins is not None:
+        env["VLLM_PLUGINS"] = plugins
+    return env
+
+
+@pytest.mark.parametrize(("plugins", "loaded", "words"), SETTINGS)
+def test_doctor_answers_as_vllms_loader(plugins, loaded, words) -> None:
+    diagnosis = doctor.diagnose(environment(plugins))
+    assert diagnosis.loaded is loaded
+    text = "\n".join(diagnosis.lines)
+    for word in words:
+        assert word in text
+    assert diagnosis.lines[-1].startswith("ON " if loaded else "OFF ")
+    assert max(map(len, diagnosis.lines)) <= 120
+
+
+@pytest.mark.parametrize(("plugins", "loaded", "_"), SETTINGS)
+def test_the_reasons_restate_vllms_rule(monkeypatch, plugins, loaded, _) -> None:
+    """``allowed_by``, which words the reasons, agrees with vLLM's own
+    loader (``load_plugins_by_group``, which reads VLLM_PLUGINS when called)."""
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    if plugins is None:
+        monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_PLUGINS", plugins)
+    by_vllm = doctor.ENTRY_POINT in load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+    assert by_vllm is loaded
+    assert doctor.allowed_by(environment(plugins)) is by_vllm
+
+
+def test_doctor_exit_status_follows_the_environment(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
+    assert main(["doctor"]) == 1
+    off = capsys.readouterr().out
+    monkeypatch.delenv("VLLM_PLUGINS")
+    assert main(["doctor"]) == 0
+    assert capsys.readouterr().out != off
+
+
+def test_a_quiet_log_level_is_said(monkeypatch) -> None:
+    env = environment(UNSET) | {"VLLM_LOGGING_LEVEL": "warning"}
+    assert "hides it" in "\n".join(doctor.diagnose(env).lines)
+
+
+def test_the_log_line_is_what_a_real_build_logs(build_kimi_moe) -> None:
+    """doctor's example is the start of the line the plugin logs for a real
+    ``KimiMoE`` at TP32 (MXFP4 on Marlin: 128 rows)."""
+    moe = build_kimi_moe(Topology(32))
+    line = moe.experts.routed_experts.kimi_k3_partition.log_line()
+    assert line.startswith(doctor.LOG_LINE)
+    assert line.startswith(doctor.LOG_EXAMPLE.removesuffix(" ..."))
