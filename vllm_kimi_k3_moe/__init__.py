@@ -13,11 +13,12 @@ ledger entry; each applies and reverts on its own):
     ``RoutedExperts._get_quant_method``: inside a Kimi-K3 ``KimiMoE`` only,
     the layer's per-GPU layout is chosen before its quantization method is
     built (``partition``), for the real TP x DP split: the smallest
-    partition the method's kernel accepts (its format's rule in
-    ``vllm_kimi_k3_moe.formats``), never more than vLLM alone, on vLLM
-    alone's kernel, whole scale groups per GPU where the even slice splits
-    one, with a zero pad; a method without a rule keeps vLLM alone's
-    partition. Delete with the model patch.
+    partition the method's kernel accepts and keeps after its weight
+    preparation (its format's rule in ``vllm_kimi_k3_moe.formats``, or one
+    learned from the method), never more than vLLM alone's kernel keeps, on
+    vLLM alone's kernel, whole scale groups per GPU where the even slice
+    splits one, with a zero pad; a method without any rule keeps vLLM
+    alone's partition. Delete with the model patch.
 
 ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading``
     ``vllm.models.kimi_k3.nvidia.model.KimiMoE``: its routed-expert

@@ -33,12 +33,16 @@ How
     ``partition.LayoutChooser`` first builds the method as vLLM alone would
     (for the model-level size it would have been handed), then searches,
     with the method's format rule (``vllm_kimi_k3_moe.formats``: each calls
-    the vLLM check that enforces it), the smallest partition the kernel
-    accepts, never above vLLM alone's where vLLM alone's runs, with whole
-    scale groups per GPU where the even slice splits one (vLLM's block-aligned
-    loader, ``tp_shard_with_padding``), and builds the method for it; it must
-    select vLLM alone's kernel, or vLLM alone's layout is kept exactly. A
-    method without a rule keeps vLLM alone's layout. Where vLLM alone fails
+    the vLLM check that enforces it) or, for a method no format names, a
+    rule learned from its own ``create_weights`` (``learned_rule``), the
+    smallest partition the kernel accepts and keeps as it is when it
+    prepares its weights (``formats.kernel_padding``), never above what vLLM
+    alone's kernel keeps where vLLM alone's runs, with whole scale groups per
+    GPU where the even slice splits one (vLLM's block-aligned loader,
+    ``tp_shard_with_padding``), and builds the method for it; it must select
+    vLLM alone's kernel, or vLLM alone's layout is kept exactly. The layout
+    is the one the method's constructor leaves (native FP8 pads to whole
+    blocks itself). A method without any rule keeps vLLM alone's layout. Where vLLM alone fails
     and no partition builds, vLLM alone's error is raised. Then
     ``maybe_roundup_sizes`` answers the chosen partition, ``create_weights``
     zero-fills the per-expert tensors before any weight is loaded (the
