@@ -42,8 +42,9 @@ How
     ``tp_shard_with_padding``), and builds the method for it; it must select
     vLLM alone's kernel, or vLLM alone's layout is kept exactly. The layout
     is the one the method's constructor leaves (native FP8 pads to whole
-    blocks itself). A method without any rule keeps vLLM alone's layout. Where vLLM alone fails
-    and no partition builds, vLLM alone's error is raised. Then
+    blocks itself). A method without any rule keeps vLLM alone's layout.
+    Where vLLM alone fails and no partition builds, vLLM alone's error is
+    raised. Then
     ``maybe_roundup_sizes`` answers the chosen partition, ``create_weights``
     zero-fills the per-expert tensors before any weight is loaded (the
     loader writes only checkpoint rows), and a whole-group INT layer's pads
