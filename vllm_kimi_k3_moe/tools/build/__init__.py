@@ -86,6 +86,17 @@ suite's build tests fail when a name moves.
     parser makes each config's defaults, and ``DeviceConfig("auto")`` asks
     the platform for a device type a CPU box's platform does not have.
     Re-check: that building the parser still reads only that.
+``stand_ins.the_serving_gpus_capability``
+    Replaces the current platform class's ``get_device_capability`` (as a
+    Hopper GPU, 9.0) while ``vllm_config`` makes the ``ModelConfig`` and
+    ``VllmConfig`` of GPUs that are not this host's (``plan``, ``check``; not
+    ``selftest`` on a GPU, which runs this GPU's kernel). Why: vLLM refuses a
+    quantization method below its minimum capability and resolves the model
+    dtype from the current GPU; the host running the tools (a CPU box: no
+    capability; an older GPU: a refusal or float16) is not the serving GPU.
+    Every Kimi-K3 format's minimum is at most 8.0. Re-check:
+    ``VllmConfig._get_quantization_config``, ``CudaPlatform.supported_dtypes``
+    and any new capability check in config construction.
 ``whole_model.kimi_moe_class``
     Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
     ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's
@@ -95,4 +106,11 @@ suite's build tests fail when a name moves.
     (a value, not a stand-in). Why: the CPU platform turns off the hybrid
     KV-cache manager that CUDA keeps on. Re-check: ``CudaPlatform``'s
     support for it.
+``vllm_config.parallel_config``
+    Names the distributed executor backend vLLM resolves on the serving
+    nodes (``mp``) and the ``--nnodes`` launch node 0's serve line asks for
+    (values, not stand-ins). Why: left unnamed, ``ParallelConfig`` compares
+    the world size with this host's GPU count on a CUDA host. Re-check:
+    ``ParallelConfig.__post_init__``'s backend resolution; the contract test
+    ``tests/upstream_contract/test_multi_node_vllm.py``.
 """

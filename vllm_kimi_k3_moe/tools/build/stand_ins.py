@@ -212,6 +212,41 @@ def a_cuda_platform_for_the_parser() -> Iterator[None]:
         yield
 
 
+# The compute capability vLLM's config checks see when the tools make a config
+# for GPUs that are not this host's: a Hopper GPU's, the oldest Kimi-K3 is
+# served on (every --gpu preset is 9.0 or later).
+SERVING_GPU_CAPABILITY = (9, 0)
+
+
+@contextmanager
+def the_serving_gpus_capability() -> Iterator[None]:
+    """While the tools make vLLM's ``ModelConfig`` and ``VllmConfig`` for a
+    deployment on GPUs that are not this host's (``plan``, ``check``), the
+    platform reports a serving GPU's compute capability
+    (``SERVING_GPU_CAPABILITY``), not this host's: ``VllmConfig`` refuses a
+    quantization method the current GPU is below the minimum capability of
+    (``_get_quantization_config``), and on CUDA ``ModelConfig`` falls back
+    from bfloat16 below 8.0 (``CudaPlatform.supported_dtypes``): an older GPU
+    on the machine running the tools would refuse, or resize, what the
+    serving GPUs run. Every Kimi-K3 format's minimum is 8.0 or less, so
+    vLLM's config answers the same for any GPU Kimi-K3 is served on; a CPU
+    box's platform has no capability, and vLLM skips the checks there.
+    Replaced on the platform's class, where ``has_device_capability`` and
+    ``is_device_capability`` ask it too. Holds no parameters."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    capability = DeviceCapability(*SERVING_GPU_CAPABILITY)
+
+    def serving_gpu(cls: type, device_id: int = 0) -> DeviceCapability:
+        return capability
+
+    with replaced_attributes(
+        type(current_platform), get_device_capability=classmethod(serving_gpu)
+    ):
+        yield
+
+
 @contextmanager
 def whole_model_on_cpu() -> Iterator[None]:
     """The stand-ins the whole model needs, entered together."""
