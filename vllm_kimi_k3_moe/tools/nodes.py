@@ -103,3 +103,20 @@ def validate_node_rank(nodes: int, node_rank: int) -> None:
             f"--node-rank must be between 0 and {nodes - 1}; got --node-rank "
             f"{node_rank}"
         )
+
+
+def validate_launch(
+    topology: Topology, nnodes: int, node_rank: int, data_parallel_backend: str
+) -> NodeSplit:
+    """What a serve line's ``--nnodes``, ``--node-rank`` and
+    ``--data-parallel-backend`` ask of ``topology``, refused as vLLM refuses
+    it (``EngineArgs.create_engine_config``); the split it asks for."""
+    if nnodes > 1 and data_parallel_backend != MULTI_NODE_DP_BACKEND:
+        raise DeploymentError(
+            f"--nnodes {nnodes} requires --data-parallel-backend "
+            f"{MULTI_NODE_DP_BACKEND}; got --data-parallel-backend "
+            f"{data_parallel_backend}"
+        )
+    split = split_over(topology, nnodes)
+    validate_node_rank(nnodes, node_rank)
+    return split

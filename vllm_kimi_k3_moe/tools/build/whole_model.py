@@ -28,6 +28,7 @@ from vllm_kimi_k3_moe.tools.build.allocation import (
 from vllm_kimi_k3_moe.tools.build.rank import rank_zero_of
 from vllm_kimi_k3_moe.tools.build.stand_ins import whole_model_on_cpu
 from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.text_config import main_moe_layers
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
@@ -61,10 +62,12 @@ def build_rank(
     serving: Serving,
     model_dir: Path,
     pp_rank: int = 0,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
 ) -> RankBuild:
     """vLLM's ``KimiK3ForConditionalGeneration`` for rank 0 of
-    ``deployment`` (of its pipeline stage ``pp_rank``) on the ``meta``
-    device, its MoE layers built from ``kimi_moe_cls``, sized."""
+    ``deployment`` (of its pipeline stage ``pp_rank``, launched on nodes of
+    ``gpus_per_node`` GPUs) on the ``meta`` device, its MoE layers built
+    from ``kimi_moe_cls``, sized."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.models.kimi_k3.nvidia import model as model_module
@@ -76,7 +79,11 @@ def build_rank(
         kimi_moe_class(model_module, kimi_moe_cls),
     ):
         vllm_config = rank_vllm_config(
-            model_dir, deployment, deployment.backend, serving
+            model_dir,
+            deployment,
+            deployment.backend,
+            serving,
+            gpus_per_node=gpus_per_node,
         )
         with set_current_vllm_config(vllm_config), torch.device("meta"):
             model = model_module.KimiK3ForConditionalGeneration(

@@ -37,6 +37,7 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
     GpuBudget,
 )
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
+from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import advice, as_json, table, wide_table
@@ -116,6 +117,17 @@ def add_command(commands: Subcommands) -> None:
         type=positive_float,
         metavar="X",
         help="memory of one GPU in GiB as CUDA reports it, for any other GPU",
+    )
+    plan.add_argument(
+        "--gpus-per-node",
+        type=positive_int,
+        default=DEFAULT_GPUS_PER_NODE,
+        metavar="N",
+        help="GPUs per node (default: "
+        f"{DEFAULT_GPUS_PER_NODE}): each layout says how many nodes it takes, "
+        "and a layout over several nodes gets one vllm serve line per node "
+        "(vLLM's multiprocessing launch: --nnodes, --node-rank, --master-addr "
+        "HEAD, where HEAD is node 0's address, and --headless on the others)",
     )
     plan.add_argument(
         "--tp",
@@ -405,6 +417,7 @@ def run(args: argparse.Namespace) -> int:
                 asked.budget,
                 args.model,
                 asked.quantization_config,
+                args.gpus_per_node,
             )
             with planner:
                 if args.gpus is not None:

@@ -33,7 +33,8 @@ from vllm_kimi_k3_moe.tools.build.kv_cache import KvCachePlanner
 from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_command
+from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE, node_split
+from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_commands
 from vllm_kimi_k3_moe.tools.plan.values import (
     DeploymentPlan,
     MoeMemoryPlan,
@@ -105,6 +106,7 @@ class Planner:
         budget: GpuBudget | None = None,
         model: str = DEFAULT_MODEL,
         quantization_config: dict[str, Any] | None = None,
+        gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     ) -> None:
         self.text_config = text_config
         # a checkpoint's own quantization_config (any config vLLM accepts of
@@ -114,6 +116,7 @@ class Planner:
         validate_serving(self.serving)
         self.budget = budget
         self.model = model
+        self.gpus_per_node = gpus_per_node
         self.upstream_cls, self.fixed_cls = kimi_moe_classes()
         self._directory = tempfile.TemporaryDirectory(prefix="kimi-k3-config-")
         self._model_dirs: dict[tuple[str, bool], Path] = {}
@@ -158,7 +161,14 @@ class Planner:
         for cls in (self.upstream_cls, self.fixed_cls):
             try:
                 built.append(
-                    build_rank(cls, text_config, deployment, serving, model_dir)
+                    build_rank(
+                        cls,
+                        text_config,
+                        deployment,
+                        serving,
+                        model_dir,
+                        gpus_per_node=self.gpus_per_node,
+                    )
                 )
             except BUILD_ERRORS as error:
                 why = f"{type(error).__name__}: {error}".replace("\n", " ")
@@ -245,12 +255,16 @@ class Planner:
             serving=self.serving,
             stages=stages,
             kv_cache=kv.shape,
-            serve_command=serve_command(
-                deployment,
-                self.serving,
-                self.budget,
-                self.model,
+            serve_commands=tuple(
+                serve_commands(
+                    deployment,
+                    self.serving,
+                    self.budget,
+                    self.model,
+                    self.gpus_per_node,
+                )
             ),
+            nodes=node_split(deployment, self.gpus_per_node),
             not_counted=NOT_COUNTED,
         )
         if self.budget is None:

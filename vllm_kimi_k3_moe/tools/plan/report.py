@@ -67,7 +67,7 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
     layers = first.moe.moe_layers
     budget, serving = first.budget, first.serving
     groups = [
-        ("", ["config", "GPUs", "experts"]),
+        ("", ["config", "GPUs", "nodes", "experts"]),
         ("I per rank", ["logical", "upstream", "fixed"]),
         ("routed GB per layer", ["upstream", "fixed", "floor"]),
         (f"routed GB, {layers} layers", ["upstream", "fixed", "floor"]),
@@ -85,6 +85,7 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
         row = [
             p.deployment.label(),
             str(p.deployment.gpus),
+            str(p.nodes.nodes),
             str(moe.fixed.local_experts),
             str(moe.logical_intermediate_per_rank),
             str(moe.upstream.intermediate_per_rank) if moe.upstream else CANNOT_BUILD,
@@ -170,7 +171,7 @@ def table(
     first = plans[0]
     budget, serving = first.budget, first.serving
     groups = [
-        ("", ["layout", "GPUs"]),
+        ("", ["layout", "GPUs", "nodes"]),
         ("weights GB/GPU", ["vLLM", "plugin"]),
     ]
     if budget is not None:
@@ -185,6 +186,7 @@ def table(
         row = [
             p.deployment.label() + mark,
             str(p.deployment.gpus),
+            str(p.nodes.nodes),
             _gb(_total(p.upstream)),
             _gb(p.fixed.total_bytes),
         ]
@@ -242,20 +244,22 @@ def _dcp_note(plans: Sequence[DeploymentPlan]) -> list[str]:
     ]
 
 
-def _wrapped(command: str, width: int = 100) -> list[str]:
-    """``command`` over lines of at most ``width`` columns, continued with a
-    backslash as a shell reads it, breaking only before an option."""
+def _wrapped(command: str, width: int = 100, indent: int = 4) -> list[str]:
+    """``command`` over lines of at most ``width`` columns, ``indent`` in,
+    continued with a backslash as a shell reads it, breaking only before an
+    option (always before ``--nnodes``)."""
     groups: list[str] = []
     for word in shlex.split(command):
         if word.startswith("--") or not groups:
             groups.append(shlex.quote(word))
         else:
             groups[-1] += " " + shlex.quote(word)
-    lines = ["    " + groups[0]]
+    lines = [" " * indent + groups[0]]
     for group in groups[1:]:
-        if len(lines[-1]) + 1 + len(group) + 2 > width:
+        # a node's own flags start a line: the nodes' lines differ there alone
+        if len(lines[-1]) + 1 + len(group) + 2 > width or group.startswith("--nnodes"):
             lines[-1] += " \\"
-            lines.append("        " + group)
+            lines.append(" " * (indent + 4) + group)
         else:
             lines[-1] += " " + group
     return lines
@@ -276,7 +280,30 @@ def _in_table(plan: DeploymentPlan) -> bool:
 def _serve_commands(heading: str, plans: Sequence[DeploymentPlan]) -> list[str]:
     lines = ["", heading]
     for p in plans:
-        lines += [f"  {p.deployment.label()}:", *_wrapped(p.serve_command)]
+        lines += [f"  {p.deployment.label()}{_over_nodes(p)}:", *_node_lines(p)]
+    return lines
+
+
+def _over_nodes(plan: DeploymentPlan) -> str:
+    nodes = plan.nodes
+    if not nodes.multi_node:
+        return ""
+    return (
+        f", {nodes.nodes} nodes of {nodes.gpus_per_node} GPUs, HEAD: node 0's address"
+    )
+
+
+def _node_lines(plan: DeploymentPlan) -> list[str]:
+    """Each node's line (nodes 0 and 1 in full: the others differ from node
+    1's in their ``--node-rank`` alone; ``--json`` has every one)."""
+    commands = plan.serve_commands
+    if len(commands) == 1:
+        return _wrapped(commands[0])
+    lines = ["    node 0:", *_wrapped(commands[0], indent=6)]
+    lines += ["    node 1:", *_wrapped(commands[1], indent=6)]
+    if len(commands) > 2:
+        ranks = ", ".join(map(str, range(2, len(commands))))
+        lines.append(f"    nodes {ranks}: as node 1, with --node-rank {ranks}")
     return lines
 
 
