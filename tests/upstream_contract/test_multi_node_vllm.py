@@ -188,3 +188,30 @@ def test_the_launch_flags_vllm_refuses(engine_config, words, refusal):
     backend = words[-1] if "--data-parallel-backend" in words else "mp"
     with pytest.raises(DeploymentError, match=refusal):
         validate_launch(Topology(8), 2, rank, backend)
+
+
+def test_the_lines_carry_the_speculative_config_vllm_takes(engine_config, tmp_path):
+    """With ``--speculative-config`` every node's line carries it, and vLLM
+    makes the DSpark draft's config from it (the kept public draft's
+    ``config.json``, in a local directory as an operator's copy)."""
+    from vllm_kimi_k3_moe.tools.build.draft import write_draft_dir
+    from vllm_kimi_k3_moe.tools.speculation import read_speculative_config
+
+    model, make = engine_config
+    public = read_speculative_config(
+        '{"method": "dspark", "model": "Inferact/Kimi-K3-DSpark"}',
+        KIMI_K3_TEXT_CONFIG,
+    )
+    draft = write_draft_dir(public, tmp_path / "draft")
+    spec = {"method": "dspark", "model": str(draft), "num_speculative_tokens": 7}
+    lines = serve_commands(
+        Deployment(16), Serving(), model=str(model), speculative_config=spec
+    )
+    assert len(lines) == 2
+    for line in lines:
+        _, config = make(line_words(line))
+        speculative = config.speculative_config
+        assert speculative.method == "dspark"
+        assert speculative.num_speculative_tokens == 7
+        assert speculative.draft_model_config.architectures == ["K3DSparkModel"]
+        assert speculative.draft_parallel_config.tensor_parallel_size == 16

@@ -101,11 +101,21 @@ suite's build tests fail when a name moves.
     Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
     ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's
     own class and with the plugin's. Re-check: the global's name.
-``vllm_config.rank_vllm_config``
-    Sets ``scheduler_config.disable_hybrid_kv_cache_manager`` back to False
-    (a value, not a stand-in). Why: the CPU platform turns off the hybrid
-    KV-cache manager that CUDA keeps on. Re-check: ``CudaPlatform``'s
-    support for it.
+``stand_ins.cuda_hybrid_kv_cache``
+    Replaces the current platform class's ``support_hybrid_kv_cache`` (True,
+    as ``CudaPlatform``'s) while ``vllm_config`` makes a ``VllmConfig`` and
+    while a draft is loaded (vLLM's draft loaders remake the config with
+    ``vllm.config.replace``). Why: the CPU platform turns off, or refuses,
+    the hybrid KV-cache manager that groups Kimi-K3's MLA and KDA layers on
+    CUDA. Re-check: ``VllmConfig``'s hybrid KV-cache rules.
+``stand_ins.weightless_model_loader``
+    Replaces ``vllm.model_executor.model_loader.get_model`` (and the name
+    ``v1/worker/gpu/spec_decode/eagle/utils.py`` imported) while
+    ``draft.build_draft`` runs vLLM's draft loader: the draft is built by
+    ``initialize_model`` on ``meta`` under the draft config vLLM made, and
+    nothing is loaded. Why: the tools have no weights and no GPU. Re-check:
+    that ``load_dspark_model`` and ``load_eagle_model`` still call
+    ``get_model``, and from where.
 ``vllm_config.parallel_config``
     Names the distributed executor backend vLLM resolves on the serving
     nodes (``mp``) and the ``--nnodes`` launch node 0's serve line asks for

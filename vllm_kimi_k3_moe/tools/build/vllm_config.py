@@ -21,7 +21,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import the_serving_gpus_capability
+from vllm_kimi_k3_moe.tools.build.draft import speculative_config
+from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    cuda_hybrid_kv_cache,
+    the_serving_gpus_capability,
+)
 from vllm_kimi_k3_moe.tools.nodes import (
     DEFAULT_GPUS_PER_NODE,
     HEAD,
@@ -136,6 +140,7 @@ def rank_vllm_config(
     serving: Serving | None = None,
     device: str = "cpu",
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    speculative: dict[str, Any] | None = None,
 ) -> Any:
     """A fresh ``VllmConfig`` (and ``ModelConfig``: vLLM's model hooks run
     once per one, and vLLM refuses two layers of one name under one
@@ -144,11 +149,12 @@ def rank_vllm_config(
     (``serving``: vLLM's defaults and the model's context length if not
     given), on ``device`` (``selftest`` builds on ``cuda`` where it has a
     GPU), the nodes of ``gpus_per_node`` GPUs launched as ``parallel_config``
-    says. Built for GPUs that are not this host's (any device but ``cuda``),
-    vLLM's checks see a serving GPU's compute capability
-    (``stand_ins.the_serving_gpus_capability``). Where this CPU box's
-    platform turned off what CUDA keeps on (the hybrid KV-cache manager),
-    CUDA's setting is put back."""
+    says, with ``--speculative-config speculative`` (``draft.for_vllm``'s)
+    if given. Built for GPUs that are not this host's (any device but
+    ``cuda``), vLLM's checks see a serving GPU's compute capability
+    (``stand_ins.the_serving_gpus_capability``); everywhere, a platform that
+    keeps the hybrid KV-cache manager on, as CUDA's does
+    (``stand_ins.cuda_hybrid_kv_cache``)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -160,11 +166,12 @@ def rank_vllm_config(
     on_this_gpu = device == "cuda"
     model_config = copy.deepcopy(_model_config(model_dir, serving, on_this_gpu))
     serving = serving or Serving(max_model_len=model_config.max_model_len)
-    with _capability_of_the_serving_gpus(on_this_gpu):
+    parallel = parallel_config(topology, gpus_per_node)
+    with _capability_of_the_serving_gpus(on_this_gpu), cuda_hybrid_kv_cache():
         vllm_config = VllmConfig(
             model_config=model_config,
             device_config=DeviceConfig(device=device),
-            parallel_config=parallel_config(topology, gpus_per_node),
+            parallel_config=parallel,
             kernel_config=KernelConfig(moe_backend=moe_backend),
             scheduler_config=SchedulerConfig(
                 max_model_len=serving.max_model_len,
@@ -174,8 +181,8 @@ def rank_vllm_config(
             cache_config=CacheConfig(
                 cache_dtype=serving.kv_cache_dtype, enable_prefix_caching=True
             ),
+            speculative_config=None
+            if speculative is None
+            else speculative_config(speculative, model_config, parallel),
         )
-    # CudaPlatform supports the hybrid KV-cache manager (MLA + KDA groups);
-    # the CPU box's platform does not, so VllmConfig turned it off.
-    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
     return vllm_config

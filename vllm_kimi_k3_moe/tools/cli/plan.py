@@ -42,6 +42,7 @@ from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import advice, as_json, table, wide_table
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
+from vllm_kimi_k3_moe.tools.speculation import Speculation, read_speculative_config
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
     ConfigFileError,
@@ -181,6 +182,15 @@ def add_command(commands: Subcommands) -> None:
         "GPU size",
     )
     plan.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help="vLLM's --speculative-config, as vllm serve takes it: method "
+        '"dspark" with its draft ("model": a directory holding its config.json, '
+        'or Inferact/Kimi-K3-DSpark) or "mtp" (the checkpoint\'s own MTP layers); '
+        "vLLM builds the draft, its weights and KV cache are counted, and the "
+        "serve commands carry it",
+    )
+    plan.add_argument(
         "--language-model-only",
         action="store_true",
         help="as vLLM's flag: serve without the vision tower (by default "
@@ -226,6 +236,7 @@ class PlanInput:
     budget: GpuBudget | None
     gpu_title: str | None  # the preset's name, or the GiB given
     backend: str  # --moe-backend, as vLLM spells it
+    speculation: Speculation | None  # --speculative-config
 
 
 def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
@@ -295,6 +306,11 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         )
         validate_serving(serving)
         validate_prefill_context_parallel(args.pcp_size)
+        speculation = (
+            None
+            if args.speculative_config is None
+            else read_speculative_config(args.speculative_config, text_config)
+        )
         backend = args.moe_backend.lower()
         if args.gpus is not None:
             explicit = [
@@ -355,6 +371,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         budget,
         gpu_title,
         backend,
+        speculation,
     )
 
 
@@ -418,6 +435,7 @@ def run(args: argparse.Namespace) -> int:
                 args.model,
                 asked.quantization_config,
                 args.gpus_per_node,
+                asked.speculation,
             )
             with planner:
                 if args.gpus is not None:

@@ -139,6 +139,7 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
             "",
             *notes,
             *_dcp_note(plans),
+            *_draft_note(plans),
         ]
     )
 
@@ -229,7 +230,24 @@ def table(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence.",
         ]
-    return "\n".join(lines + _dcp_note(plans))
+    return "\n".join(lines + _dcp_note(plans) + _draft_note(plans))
+
+
+def _draft_note(plans: Sequence[DeploymentPlan]) -> list[str]:
+    """What a speculative draft adds, under a table of plans with one."""
+    first = plans[0]
+    spec = first.speculative_config
+    if spec is None:
+        return []
+    draft = max(p.fixed.components["speculative_draft"] for p in plans)
+    kv = first.kv_cache
+    model = f" ({spec['model']})" if spec.get("model") else ""
+    return [
+        f"draft: {spec['method']}{model} in every figure: its weights (up to "
+        f"{draft / GB:.2f} GB per GPU, last",
+        "pipeline stage) and its layers' KV cache, grouped by vLLM with the "
+        f"target's ({kv.padding_layers} padding layers).",
+    ]
 
 
 def _dcp_note(plans: Sequence[DeploymentPlan]) -> list[str]:

@@ -116,6 +116,7 @@ class DeploymentPlan:
     kv_cache: KvCacheShape
     serve_commands: tuple[str, ...]  # each node's line, node 0's first
     nodes: NodeSplit
+    speculative_config: dict[str, Any] | None = None  # as given, and sized
     not_counted: tuple[str, ...] = ()  # what vllm serve holds that is not here
     budget: GpuBudget | None = None
     upstream_kv: KvCapacity | None = None
@@ -222,6 +223,7 @@ class DeploymentPlan:
             }
             document["reason"] = self.reason()
         document["nodes"] = asdict(self.nodes)
+        document["speculative_config"] = self.speculative_config
         document["serve_command"] = self.serve_command
         document["serve_commands"] = list(self.serve_commands)
         return document
