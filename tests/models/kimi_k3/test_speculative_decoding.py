@@ -182,3 +182,30 @@ def test_the_draft_is_on_the_last_pipeline_stage(dspark_on_b300):
     assert drafts[1] == one_stage["speculative_draft"]
     plan = dspark_on_b300.plan(replace(Deployment(8), pp_size=2))
     assert plan.fixed_kv is not None and plan.fixed_kv.tokens > 0
+
+
+def test_the_kv_cache_is_vllms_for_every_layer_the_build_registered(dspark_on_b300):
+    """What the planner gives for an amount of memory is what vLLM's
+    block-pool planner makes of every attention layer the target and the
+    draft registered in the forward context (the draft's five included)."""
+    from vllm.v1.core.kv_cache_planning import (
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+    )
+    from vllm.v1.core.kv_cache_utils import (
+        generate_scheduler_kv_cache_config,
+        get_kv_cache_capacity,
+    )
+    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
+
+    plan = dspark_on_b300.plan(Deployment(8))
+    memory = plan.fixed_kv.available_bytes
+    config = dspark_on_b300._built(Deployment(8)).kv.vllm_config
+    specs = get_kv_cache_spec(config)
+    assert len(specs) == MLA_LAYERS + DRAFT_LAYERS + KDA_LAYERS
+    groups = get_global_kv_cache_groups(config, [specs])
+    configs = get_kv_cache_configs(config, [specs], [memory], groups)
+    tokens, _ = get_kv_cache_capacity(
+        config, generate_scheduler_kv_cache_config(configs)
+    )
+    assert plan.fixed_kv.tokens == tokens
