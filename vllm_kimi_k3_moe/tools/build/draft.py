@@ -18,6 +18,7 @@ that are not the target's (``own_parameters``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,6 @@ def for_vllm(speculation: Speculation, draft_dir: Path) -> dict[str, Any]:
 
 def write_draft_dir(speculation: Speculation, directory: Path) -> Path:
     """The draft's ``config.json`` in ``directory`` (made if missing)."""
-    import json
-
     directory.mkdir(parents=True, exist_ok=True)
     if speculation.draft_config is not None:
         (directory / CONFIG_FILE).write_text(json.dumps(speculation.draft_config))
