@@ -35,15 +35,10 @@ class Speculation:
 
     spec: dict[str, Any]  # the JSON object, as vLLM takes it
     draft_config: dict[str, Any] | None  # None: the target's own (MTP)
-    draft_source: str  # where the draft's config was read
 
     @property
     def method(self) -> str:
         return self.spec["method"]
-
-    def title(self) -> str:
-        model = self.spec.get("model")
-        return f"{self.method}" + (f" ({model})" if model else "")
 
 
 def read_speculative_config(text: str, text_config: dict[str, Any]) -> Speculation:
@@ -70,13 +65,12 @@ def read_speculative_config(text: str, text_config: dict[str, Any]) -> Speculati
             '--speculative-config: DSpark needs its draft, "model": a directory '
             f"holding its {CONFIG_FILE}, or {', '.join(PUBLIC_DRAFTS)}"
         )
-    config, source = draft_config(model)
-    return Speculation(spec, config, source)
+    return Speculation(spec, draft_config(model))
 
 
-def draft_config(model: str) -> tuple[dict[str, Any], str]:
-    """The ``config.json`` of the draft ``model`` names, and where it was
-    read: a local directory's, or a public draft's kept here."""
+def draft_config(model: str) -> dict[str, Any]:
+    """The ``config.json`` of the draft ``model`` names: a local
+    directory's, or a public draft's kept here."""
     directory = Path(model)
     if directory.is_dir():
         path = directory / CONFIG_FILE
@@ -89,9 +83,9 @@ def draft_config(model: str) -> tuple[dict[str, Any], str]:
             ) from None
         if not isinstance(config, dict):
             raise DeploymentError(f"{path} is not a JSON object")
-        return config, str(path)
+        return config
     if model in PUBLIC_DRAFTS:
-        return PUBLIC_DRAFTS[model].config, f"{model} ({PUBLIC_DRAFTS[model].source})"
+        return PUBLIC_DRAFTS[model].config
     fetch = f"hf download {model} {CONFIG_FILE} --local-dir DIR"
     if model in NOT_KEPT:
         raise DeploymentError(
@@ -121,4 +115,4 @@ def _mtp(spec: dict[str, Any], model: Any, text_config: dict[str, Any]) -> Specu
             f"--speculative-config model {model!r}: an MTP draft is the target's "
             "own layers; drop model, or name the target's directory"
         )
-    return Speculation(spec, None, "the target's MTP layers")
+    return Speculation(spec, None)

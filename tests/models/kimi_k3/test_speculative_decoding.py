@@ -62,6 +62,22 @@ def test_what_cannot_be_sized_is_one_line_before_vllm(capsys, spec, words):
         assert word in err[0]
 
 
+def test_a_local_draft_directory_is_its_config(tmp_path, capsys):
+    """A draft named by directory is sized from its own ``config.json``; a
+    directory without one is refused in one line."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    spec = {"method": "dspark", "model": str(draft), "num_speculative_tokens": 7}
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--tp", "8", "--speculative-config", json.dumps(spec)])
+    assert exited.value.code == 2
+    assert "cannot read its config.json" in capsys.readouterr().err
+    (draft / "config.json").write_text(json.dumps({"model_type": "k3_dspark"}))
+    speculation = read_speculative_config(json.dumps(spec), KIMI_K3_TEXT_CONFIG)
+    assert speculation.draft_config == {"model_type": "k3_dspark"}
+    assert speculation.spec == spec  # the serve lines carry it as given
+
+
 @pytest.fixture(scope="module")
 def two_layers(tmp_path_factory):
     """A two-layer Kimi-K3 (one dense, one MoE layer, one MTP layer) and its
