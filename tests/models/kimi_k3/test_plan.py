@@ -134,8 +134,8 @@ def test_wide_table_keeps_the_default_tables_words(kimi_k3_deployment_plans):
     plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
     wide, default = wide_table(plans), table(plans)
     groups, columns = wide.splitlines()[2:4]
-    assert columns.split()[:3] == ["layout", "GPUs", "experts"]
-    assert set(columns.split()[3:]) == {"logical", "vLLM", "plugin", "floor"}
+    assert columns.split()[:4] == ["layout", "GPUs", "nodes", "experts"]
+    assert set(columns.split()[4:]) == {"logical", "vLLM", "plugin", "floor"}
     for label in ("weights GB/GPU", "fits", "KV tokens", "requests"):
         assert label in groups
     for word in ("upstream", "fixed"):
@@ -546,12 +546,16 @@ def test_each_layout_that_fits_gets_its_serve_command(kimi_k3_deployment_plans):
     text = serve_commands(plans)
     assert [line.strip() for line in text.splitlines() if line.endswith(":")] == [
         "vllm serve (with the plugin installed), each layout that fits:",
-        "TP32:",
+        "TP32, 4 nodes of 8 GPUs, HEAD: node 0's address:",
+        "node 0:",
+        "node 1:",
     ]
     assert "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 32 " in text
     documents = [p.to_dict() for p in plans]
     assert [d["serve_command"] is not None for d in documents] == [False, False, True]
+    assert [d["serve_commands"] is not None for d in documents] == [False, False, True]
     assert documents[2]["serve_command"] == plans[2].serve_command
+    assert documents[2]["serve_commands"] == list(plans[2].serve_commands)
 
 
 def test_without_a_gpu_size_no_command_is_vouched_for(kimi_k3_deployment_plans):
