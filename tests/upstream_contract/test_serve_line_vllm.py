@@ -1,13 +1,14 @@
 """The ``vllm serve`` line ``plan`` prints, read back by vLLM 0.33.0's own
 ``vllm serve`` parser (as ``check --serve-command`` reads it), is the layout
-it was printed for; vLLM's aliases and option forms read the same."""
+it was printed for, on every node; vLLM's aliases and option forms read the
+same."""
 
 from __future__ import annotations
 
 import pytest
 
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.plan.serve_command import serve_command
+from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
 from vllm_kimi_k3_moe.tools.serve_line import ServeCommandError, read_serve_command
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, Topology
 
@@ -28,11 +29,16 @@ MODEL = "/models/Kimi K3"  # a space: the line quotes it
     ids=lambda value: value.label() if isinstance(value, Deployment) else "",
 )
 def test_the_serve_line_reads_back_as_its_layout(kimi_model, deployment, serving):
-    line = read_serve_command(serve_command(deployment, serving, GpuBudget(141), MODEL))
-    assert line.model == MODEL
-    assert line.topology == deployment.topology
-    assert line.moe_backend == deployment.backend
-    assert line.pcp_size == 1
+    """Every node's line (one node's, or four for TP32 on nodes of 8)."""
+    commands = serve_commands(deployment, serving, GpuBudget(141), MODEL)
+    for rank, command in enumerate(commands):
+        line = read_serve_command(command)
+        assert line.model == MODEL
+        assert line.topology == deployment.topology
+        assert line.moe_backend == deployment.backend
+        assert line.pcp_size == 1
+        assert line.nodes.nodes == len(commands) and line.node_rank == rank
+        assert line.headless == (rank > 0)
 
 
 def test_vllms_aliases_and_forms_read_the_same(kimi_model):

@@ -4,8 +4,11 @@
 vLLM's own ``vllm serve`` argument parser reads it, so its aliases
 (``-tp 8``), ``--flag=value`` forms, repeated options (the last wins) and
 every option unrelated to the layout are taken exactly as ``vllm serve``
-takes them. What is asked of the topology is then validated by the same
-rules, with the same words, as ``plan`` (``topology.validate_topology``,
+takes them. A line of a launch over several nodes (``--nnodes``,
+``--node-rank``, ``--headless``: any node's line ``plan`` prints) is held
+to vLLM's launch rules (``nodes.validate_launch``). What is asked of the
+topology is then validated by the same rules, with the same words, as
+``plan`` (``topology.validate_topology``,
 ``validate_prefill_context_parallel``). The words are split, and a line
 that is not ``vllm serve ...`` refused, before vLLM is imported; so is a
 model that is not a local directory where the line names it plainly
@@ -18,6 +21,7 @@ import shlex
 from dataclasses import dataclass
 
 from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
+from vllm_kimi_k3_moe.tools.nodes import NodeSplit, validate_launch
 from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology
 
 
@@ -33,6 +37,9 @@ class ServeLine:
     topology: Topology
     pcp_size: int  # --prefill-context-parallel-size
     moe_backend: str  # --moe-backend ("auto" when not given)
+    nodes: NodeSplit  # --nnodes, as vLLM splits the world over them
+    node_rank: int  # --node-rank
+    headless: bool  # --headless: a node other than the API server's
 
 
 def serve_words(command: str) -> list[str]:
@@ -78,15 +85,25 @@ def read_serve_command(command: str) -> ServeLine:
     with a_cuda_platform_for_the_parser():
         parser = make_arg_parser(OneLineParser(prog="vllm serve"))
     args = parser.parse_args(words)
+    topology = Topology(
+        args.tensor_parallel_size,
+        dp_size=args.data_parallel_size,
+        expert_parallel=args.enable_expert_parallel,
+        pp_size=args.pipeline_parallel_size,
+        dcp_size=args.decode_context_parallel_size,
+    )
+    try:
+        nodes = validate_launch(
+            topology, args.nnodes, args.node_rank, args.data_parallel_backend
+        )
+    except DeploymentError as error:
+        raise ServeCommandError(f"vllm serve's launch rules: {error}") from None
     return ServeLine(
         model=args.model_tag or args.model,
-        topology=Topology(
-            args.tensor_parallel_size,
-            dp_size=args.data_parallel_size,
-            expert_parallel=args.enable_expert_parallel,
-            pp_size=args.pipeline_parallel_size,
-            dcp_size=args.decode_context_parallel_size,
-        ),
+        topology=topology,
         pcp_size=args.prefill_context_parallel_size,
         moe_backend=args.moe_backend,
+        nodes=nodes,
+        node_rank=args.node_rank,
+        headless=args.headless,
     )

@@ -27,6 +27,8 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
 )
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.tools.cli import main
+from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
+from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 SPEC = KimiK3Spec()
 Shards = list[dict[str, torch.Tensor]]
@@ -370,6 +372,30 @@ def test_a_serve_command_checks_the_layout_it_asks_for(write, capsys) -> None:
     assert check(capsys, str(directory), "--serve-command", serve)[1] == by_options
 
 
+def test_every_nodes_line_of_a_launch_checks_its_layout(write, capsys) -> None:
+    """The lines ``plan`` prints for a layout over nodes (here TP4 x PP2 on
+    nodes of 4 GPUs: node 0's, and node 1's, headless) check the layout the
+    options give, its ``--moe-backend`` too."""
+    directory = write()
+    deployment = Deployment(4, pp_size=2, dcp_size=4)
+    by_options = check(
+        capsys,
+        str(directory),
+        "--tp",
+        "4",
+        "--pp",
+        "2",
+        "--dcp",
+        "4",
+        "--moe-backend",
+        "marlin",
+    )
+    lines = serve_commands(deployment, Serving(), model=str(directory), gpus_per_node=4)
+    assert len(lines) == 2 and lines[1].endswith("--headless")
+    for line in lines:
+        assert check(capsys, "--serve-command", line) == by_options
+
+
 @pytest.mark.parametrize(
     ("serve", "args", "words"),
     [
@@ -408,6 +434,12 @@ def test_a_serve_command_is_refused_as_plan_refuses_it(
         # vLLM's parser takes -tp and --tensor-parallel-size, not --tp (the
         # model, /, is a directory: the line reaches vLLM's parser)
         (["--serve-command", "vllm serve / --tp 8"], ["unrecognized", "--tp"]),
+        # vLLM's launch rules over nodes, in its words
+        (["--serve-command", "vllm serve / -tp 32 --nnodes 3"], ["evenly divide"]),
+        (
+            ["--serve-command", "vllm serve / -tp 8 --nnodes 2 --node-rank 2"],
+            ["--node-rank must be between 0 and 1"],
+        ),
         ([], ["CHECKPOINT_DIR"]),
     ],
 )

@@ -116,13 +116,13 @@ def test_wide_table_has_every_column(kimi_model, capsys):
     assert main(["plan", "--wide"]) == 0
     out, err = capsys.readouterr()
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line}
-    # config GPUs experts | I: logical upstream fixed | GB/layer x3 | GB x92 x3
-    assert rows["TP8"][:6] == ["TP8", "8", "896", "384", "384", "384"]
-    assert rows["TP8"][9:12] == ["180.8", "180.8", "180.8"]
-    assert rows["TP16"][3:6] == ["192", "256", "256"]
-    assert rows["TP16"][9:12] == ["120.5", "120.5", "90.4"]
-    assert rows["TP32"][3:6] == ["96", "256", "128"]
-    assert rows["TP32"][9:12] == ["120.5", "60.3", "45.2"]
+    # config GPUs nodes experts | I: logical upstream fixed | GB/layer x3 | GB x92 x3
+    assert rows["TP8"][:7] == ["TP8", "8", "1", "896", "384", "384", "384"]
+    assert rows["TP8"][10:13] == ["180.8", "180.8", "180.8"]
+    assert rows["TP16"][2:7] == ["2", "896", "192", "256", "256"]
+    assert rows["TP16"][10:13] == ["120.5", "120.5", "90.4"]
+    assert rows["TP32"][2:7] == ["4", "896", "96", "256", "128"]
+    assert rows["TP32"][10:13] == ["120.5", "60.3", "45.2"]
     assert "importing vLLM" in err
 
 
@@ -134,8 +134,8 @@ def test_wide_table_keeps_the_default_tables_words(kimi_k3_deployment_plans):
     plans = [kimi_k3_deployment_plans[tp] for tp in (8, 16, 32)]
     wide, default = wide_table(plans), table(plans)
     groups, columns = wide.splitlines()[2:4]
-    assert columns.split()[:3] == ["layout", "GPUs", "experts"]
-    assert set(columns.split()[3:]) == {"logical", "vLLM", "plugin", "floor"}
+    assert columns.split()[:4] == ["layout", "GPUs", "nodes", "experts"]
+    assert set(columns.split()[4:]) == {"logical", "vLLM", "plugin", "floor"}
     for label in ("weights GB/GPU", "fits", "KV tokens", "requests"):
         assert label in groups
     for word in ("upstream", "fixed"):
@@ -147,10 +147,10 @@ def test_default_table_fits_120_columns_and_says_why(kimi_model, capsys):
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 120
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line}
-    # layout GPUs | weights vLLM plugin | fits vLLM plugin | KV tokens requests
-    # weights with the vision tower vLLM serves by default (0.9 GB)
-    assert rows["TP32"][:6] == ["TP32", "32", "136.1", "75.9", "no", "no"]
-    assert "weights+reserve" in " ".join(rows["TP32"][8:])
+    # layout GPUs nodes | weights vLLM plugin | fits vLLM plugin | KV tokens
+    # requests; weights with the vision tower vLLM serves by default (0.9 GB)
+    assert rows["TP32"][:7] == ["TP32", "32", "4", "136.1", "75.9", "no", "no"]
+    assert "weights+reserve" in " ".join(rows["TP32"][9:])
 
 
 def test_json_with_fit_check(kimi_model, capsys):
@@ -190,11 +190,11 @@ def test_a_dcp_row_has_its_tps_weights_and_more_kv_cache(kimi_k3_h20_planner):
     text = table(plans)
     assert max(len(line) for line in text.splitlines()) <= 120
     rows = {line[:12].strip(): line[12:].split() for line in text.splitlines()}
-    # GPUs | weights vLLM plugin | fits vLLM plugin | KV tokens ...
-    assert rows["TP32 DCP32"][:5] == rows["TP32"][:5] == [
-        "32", "136.1", "75.9", "no", "yes"
+    # GPUs nodes | weights vLLM plugin | fits vLLM plugin | KV tokens ...
+    assert rows["TP32 DCP32"][:6] == rows["TP32"][:6] == [
+        "32", "4", "136.1", "75.9", "no", "yes"
     ]  # fmt: skip
-    tokens = [int(rows[name][5].replace(",", "")) for name in ("TP32", "TP32 DCP32")]
+    tokens = [int(rows[name][6].replace(",", "")) for name in ("TP32", "TP32 DCP32")]
     assert tokens[1] > 10 * tokens[0]  # 8.5 M against 0.41 M
     assert "changes no weight" in text
     document = plans[1].to_dict()
@@ -546,12 +546,16 @@ def test_each_layout_that_fits_gets_its_serve_command(kimi_k3_deployment_plans):
     text = serve_commands(plans)
     assert [line.strip() for line in text.splitlines() if line.endswith(":")] == [
         "vllm serve (with the plugin installed), each layout that fits:",
-        "TP32:",
+        "TP32, 4 nodes of 8 GPUs, HEAD: node 0's address:",
+        "node 0:",
+        "node 1:",
     ]
     assert "vllm serve moonshotai/Kimi-K3 --tensor-parallel-size 32 " in text
     documents = [p.to_dict() for p in plans]
     assert [d["serve_command"] is not None for d in documents] == [False, False, True]
+    assert [d["serve_commands"] is not None for d in documents] == [False, False, True]
     assert documents[2]["serve_command"] == plans[2].serve_command
+    assert documents[2]["serve_commands"] == list(plans[2].serve_commands)
 
 
 def test_without_a_gpu_size_no_command_is_vouched_for(kimi_k3_deployment_plans):

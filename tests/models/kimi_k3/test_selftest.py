@@ -22,7 +22,12 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
 )
 from tests.test_cli import run_fresh
 from vllm_kimi_k3_moe.tools import cli
-from vllm_kimi_k3_moe.tools.selftest.harness import SelftestCase, vllm_alone
+from vllm_kimi_k3_moe.tools.selftest.harness import (
+    SelftestCase,
+    deployment_outputs,
+    prepare_layer,
+    vllm_alone,
+)
 from vllm_kimi_k3_moe.tools.selftest.report import screen
 from vllm_kimi_k3_moe.tools.selftest.run import run_selftest
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
@@ -113,6 +118,30 @@ def test_only_the_first_moe_layers_experts_are_read(
     assert "experts     4 of 8 (top-2), 3072 rows x 256 wide" in out
 
 
+def test_every_kernel_runs_inside_vllms_forward_context(
+    kimi_model, tmp_path, monkeypatch
+) -> None:
+    """The kernel of every rank runs where ``get_forward_context()`` answers,
+    as in vLLM's model runner (Humming's experts read it on a GPU)."""
+    from vllm.forward_context import is_forward_context_available
+    from vllm.model_executor.layers.fused_moe.experts.fused_batched_moe import (
+        NaiveBatchedExperts,
+    )
+
+    seen = []
+    apply = NaiveBatchedExperts.apply
+
+    def spy(self, *args, **kwargs):
+        seen.append(is_forward_context_available())
+        return apply(self, *args, **kwargs)
+
+    monkeypatch.setattr(NaiveBatchedExperts, "apply", spy)
+    case = SelftestCase("mxfp4", Topology(1), text_config=SMALL)
+    layer = prepare_layer(case, CPU, tmp_path)
+    deployment_outputs(CPU, case, kimi_model, layer)
+    assert seen == [True] * 3  # one rank at 1, 16 and 128 tokens
+
+
 def test_without_the_plugin_the_selftest_says_wrong(kimi_model, tmp_path) -> None:
     # vLLM alone's FP8 blocks at TP32: 256 rows per rank, 96 loaded, no
     # block scale loaded (README: relative error ~1)
@@ -122,6 +151,36 @@ def test_without_the_plugin_the_selftest_says_wrong(kimi_model, tmp_path) -> Non
     assert not result.ok
     assert {p.allocated for p in result.partitions} == {256}
     assert screen(result).splitlines()[-1].startswith("WRONG ")
+
+
+@pytest.mark.parametrize(
+    ("fill", "words"),
+    [
+        # a header-only or sparse copy: every byte reads as zero
+        ({"weight_packed": 0, "weight_scale": 0}, "all-zero output"),
+        # 0xFF: E8M0's NaN
+        ({"weight_packed": 0x11, "weight_scale": 0xFF}, "non-finite output"),
+    ],
+)
+def test_checkpoint_data_that_cannot_judge_a_layout_exits_2(
+    kimi_model, capsys, tmp_path, fill, words
+) -> None:
+    """Expert data all zero, or not finite, is unusable input: every layout
+    sums to it, right or wrong. Exit status 2, one line, not "WRONG"; all
+    zero (a header-only or sparse copy) before vLLM is imported."""
+    spec = KimiK3Spec()
+    tensors = checkpoint_tensors(spec)
+    for name, tensor in tensors.items():
+        for suffix, byte in fill.items():
+            if name.endswith(suffix):
+                tensor.fill_(byte)
+    write_checkpoint(tmp_path, spec, split_into_shards(tensors, spec.shards))
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["selftest", "--tp", "32", "--checkpoint", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after any progress
+    assert exited.value.code == 2
+    assert err.startswith("vllm-kimi-k3-moe selftest: error: ")
+    assert words in err and f"layer 1 of {tmp_path}" in err, err
 
 
 @pytest.mark.parametrize(

@@ -86,13 +86,41 @@ suite's build tests fail when a name moves.
     parser makes each config's defaults, and ``DeviceConfig("auto")`` asks
     the platform for a device type a CPU box's platform does not have.
     Re-check: that building the parser still reads only that.
+``stand_ins.the_serving_gpus_capability``
+    Replaces the current platform class's ``get_device_capability`` (as a
+    Hopper GPU, 9.0) while ``vllm_config`` makes the ``ModelConfig`` and
+    ``VllmConfig`` of GPUs that are not this host's (``plan``, ``check``; not
+    ``selftest`` on a GPU, which runs this GPU's kernel). Why: vLLM refuses a
+    quantization method below its minimum capability and resolves the model
+    dtype from the current GPU; the host running the tools (a CPU box: no
+    capability; an older GPU: a refusal or float16) is not the serving GPU.
+    Every Kimi-K3 format's minimum is at most 8.0. Re-check:
+    ``VllmConfig._get_quantization_config``, ``CudaPlatform.supported_dtypes``
+    and any new capability check in config construction.
 ``whole_model.kimi_moe_class``
     Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
     ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's
     own class and with the plugin's. Re-check: the global's name.
-``vllm_config.rank_vllm_config``
-    Sets ``scheduler_config.disable_hybrid_kv_cache_manager`` back to False
-    (a value, not a stand-in). Why: the CPU platform turns off the hybrid
-    KV-cache manager that CUDA keeps on. Re-check: ``CudaPlatform``'s
-    support for it.
+``stand_ins.cuda_hybrid_kv_cache``
+    Replaces the current platform class's ``support_hybrid_kv_cache`` (True,
+    as ``CudaPlatform``'s) while ``vllm_config`` makes a ``VllmConfig`` and
+    while a draft is loaded (vLLM's draft loaders remake the config with
+    ``vllm.config.replace``). Why: the CPU platform turns off, or refuses,
+    the hybrid KV-cache manager that groups Kimi-K3's MLA and KDA layers on
+    CUDA. Re-check: ``VllmConfig``'s hybrid KV-cache rules.
+``stand_ins.weightless_model_loader``
+    Replaces ``vllm.model_executor.model_loader.get_model`` (and the name
+    ``v1/worker/gpu/spec_decode/eagle/utils.py`` imported) while
+    ``draft.build_draft`` runs vLLM's draft loader: the draft is built by
+    ``initialize_model`` on ``meta`` under the draft config vLLM made, and
+    nothing is loaded. Why: the tools have no weights and no GPU. Re-check:
+    that ``load_dspark_model`` and ``load_eagle_model`` still call
+    ``get_model``, and from where.
+``vllm_config.parallel_config``
+    Names the distributed executor backend vLLM resolves on the serving
+    nodes (``mp``) and the ``--nnodes`` launch node 0's serve line asks for
+    (values, not stand-ins). Why: left unnamed, ``ParallelConfig`` compares
+    the world size with this host's GPU count on a CUDA host. Re-check:
+    ``ParallelConfig.__post_init__``'s backend resolution; the contract test
+    ``tests/upstream_contract/test_multi_node_vllm.py``.
 """

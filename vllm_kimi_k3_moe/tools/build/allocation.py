@@ -27,6 +27,7 @@ COMPONENTS = (
     "moe_other",  # shared experts, latent projections, router
     "norms_other",  # layer norms, attention-residual norms and projections
     "vision_tower",  # MoonViT and its projector, unless --language-model-only
+    "speculative_draft",  # --speculative-config's draft, not shared with the target
 )
 MOE_COMPONENTS = ("moe_routed_experts", "moe_other")
 # The multimodal model's parts, by their parameters' first name.
@@ -192,12 +193,19 @@ class PlacedAllocation:
             place[component_of(name, kda_layer)] += size
         return cls(tuple(layers), first, last, every)
 
+    def with_draft(self, draft_bytes: int) -> PlacedAllocation:
+        """This model with a speculative draft of ``draft_bytes`` on the last
+        pipeline stage, where vLLM's model runner loads the drafter."""
+        last = {**self.last, "speculative_draft": draft_bytes}
+        return PlacedAllocation(self.layers, self.first, last, self.every)
+
     def with_mlps_of(self, other: PlacedAllocation) -> PlacedAllocation:
         """This model with every layer's MLP (dense or MoE) as ``other``'s
-        first layer of that kind has it: ``other`` is a small model built
-        under another data-parallel size, which shards the MoE layers' experts
-        over TP x DP and, with expert parallelism, replicates the dense MLP;
-        attention, embeddings and norms depend on TP alone."""
+        first layer of that kind has it, and ``other``'s draft: ``other`` is a
+        small model built under another data-parallel size, which shards the
+        MoE layers' experts over TP x DP and, with expert parallelism,
+        replicates the dense MLP (an MTP draft's MoE layer too); attention,
+        embeddings and norms depend on TP alone."""
         dense = next(layer for layer in other.layers if layer["dense_mlp"])
         moe = next(layer for layer in other.layers if layer["moe_routed_experts"])
         layers = tuple(
@@ -211,7 +219,8 @@ class PlacedAllocation:
             }
             for layer in self.layers
         )
-        return PlacedAllocation(layers, self.first, self.last, self.every)
+        last = {**self.last, "speculative_draft": other.last["speculative_draft"]}
+        return PlacedAllocation(layers, self.first, last, self.every)
 
     def with_routed_bytes(self, routed_bytes: int) -> PlacedAllocation:
         """This model with every MoE layer's routed experts at

@@ -40,6 +40,9 @@ class KvCacheShape:
     # GPUs a sequence's MLA tokens are spread over (--decode-context-parallel-size):
     # a GPU holds mla_bytes_per_token for one token in dcp_size; KDA state whole
     dcp_size: int = 1
+    # layers vLLM's grouping adds so that every group has as many layers
+    # (_generate_kv_cache_groups: a draft's MLA layers change the group size)
+    padding_layers: int = 0
 
     @classmethod
     def of(cls, specs: dict[str, Any]) -> KvCacheShape:
@@ -98,13 +101,29 @@ class KvCachePlanner:
         Platform.update_block_size_for_backend(vllm_config)
         register_all_kvcache_specs(vllm_config)
         self.specs = get_kv_cache_spec(vllm_config)
-        dcp = vllm_config.parallel_config.decode_context_parallel_size
-        self.shape = replace(KvCacheShape.of(self.specs), dcp_size=dcp)
         self._resolve_layout()
+        dcp = vllm_config.parallel_config.decode_context_parallel_size
+        self.shape = replace(
+            KvCacheShape.of(self.specs),
+            dcp_size=dcp,
+            padding_layers=self._padding_layers(),
+        )
         # the advisor asks the same again (vLLM alone and the plugin often
         # leave the same memory, and every DCP size of a layout is asked)
         self._by_dcp: dict[int, KvCachePlanner] = {dcp: self}
         self._capacities: dict[tuple[tuple[int, ...], tuple], KvCapacity] = {}
+
+    def _padding_layers(self) -> int:
+        """The layers vLLM's grouping pads the model's KV cache with: each
+        group holds as many layers as the largest, the empty places
+        allocated but unused (vLLM logs "Add N padding layers")."""
+        from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
+
+        groups = get_global_kv_cache_groups(
+            self.vllm_config, [copy.deepcopy(self.specs)]
+        )
+        size = max(len(group.layer_names) for group in groups)
+        return size * len(groups) - len(self.specs)
 
     def with_decode_context(self, dcp_size: int) -> KvCachePlanner:
         """This rank's specs sized by vLLM's planner under
@@ -161,7 +180,11 @@ class KvCachePlanner:
         one stage holding every layer). vLLM groups the whole model's specs,
         sizes each stage's pool and gives every stage the smallest number of
         blocks; the binding stage is the one whose own pool is smallest."""
-        stages = list(stages) or [(0, 1 + max(self._layer_indices()))]
+        last = 1 + max(self._layer_indices())
+        stages = list(stages) or [(0, last)]
+        # a speculative draft's layers (numbered after the target's) are on
+        # the last stage, where vLLM's model runner loads the drafter
+        stages[-1] = (stages[-1][0], max(stages[-1][1], last))
         key = (tuple(available), tuple(stages))
         if key not in self._capacities:
             self._capacities[key] = self._capacity(available, stages)

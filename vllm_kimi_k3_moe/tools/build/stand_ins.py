@@ -212,6 +212,104 @@ def a_cuda_platform_for_the_parser() -> Iterator[None]:
         yield
 
 
+# The compute capability vLLM's config checks see when the tools make a config
+# for GPUs that are not this host's: a Hopper GPU's, the oldest Kimi-K3 is
+# served on (every --gpu preset is 9.0 or later).
+SERVING_GPU_CAPABILITY = (9, 0)
+
+
+@contextmanager
+def the_serving_gpus_capability() -> Iterator[None]:
+    """While the tools make vLLM's ``ModelConfig`` and ``VllmConfig`` for a
+    deployment on GPUs that are not this host's (``plan``, ``check``), the
+    platform reports a serving GPU's compute capability
+    (``SERVING_GPU_CAPABILITY``), not this host's: ``VllmConfig`` refuses a
+    quantization method the current GPU is below the minimum capability of
+    (``_get_quantization_config``), and on CUDA ``ModelConfig`` falls back
+    from bfloat16 below 8.0 (``CudaPlatform.supported_dtypes``): an older GPU
+    on the machine running the tools would refuse, or resize, what the
+    serving GPUs run. Every Kimi-K3 format's minimum is 8.0 or less, so
+    vLLM's config answers the same for any GPU Kimi-K3 is served on; a CPU
+    box's platform has no capability, and vLLM skips the checks there.
+    Replaced on the platform's class, where ``has_device_capability`` and
+    ``is_device_capability`` ask it too. Holds no parameters."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    capability = DeviceCapability(*SERVING_GPU_CAPABILITY)
+
+    def serving_gpu(cls: type, device_id: int = 0) -> DeviceCapability:
+        return capability
+
+    with replaced_attributes(
+        type(current_platform), get_device_capability=classmethod(serving_gpu)
+    ):
+        yield
+
+
+def _hybrid_kv_cache(cls: type) -> bool:
+    return True
+
+
+@contextmanager
+def cuda_hybrid_kv_cache() -> Iterator[None]:
+    """The platform supports vLLM's hybrid KV-cache manager, as
+    ``CudaPlatform.support_hybrid_kv_cache`` does (Kimi-K3's MLA and KDA
+    layers are grouped by it); a CPU box's platform does not, and
+    ``VllmConfig`` would turn it off, or refuse a config (a draft's, made with
+    ``vllm.config.replace``) that has it on. Holds no parameters."""
+    from vllm.platforms import current_platform
+
+    with replaced_attributes(
+        type(current_platform), support_hybrid_kv_cache=classmethod(_hybrid_kv_cache)
+    ):
+        yield
+
+
+@contextmanager
+def weightless_model_loader() -> Iterator[None]:
+    """``vllm.model_executor.model_loader.get_model`` (and the name
+    ``load_eagle_model``'s module imported it under), which vLLM's draft
+    loaders (``load_dspark_model``, ``load_eagle_model``) call to build and
+    load the draft, builds it as the loader does (``initialize_model`` under
+    the draft's config, its dtype the default) on the ``meta`` device and
+    loads nothing: the tools have no weights. What the loaders do around it
+    (the draft's config, sharing the target's embedding and ``lm_head``) is
+    vLLM's. Holds no parameters."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor import model_loader
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    def build_only(
+        *,
+        vllm_config: Any,
+        model_config: Any = None,
+        prefix: str = "",
+        load_config: Any = None,
+    ) -> Any:
+        model_config = model_config or vllm_config.model_config
+        with (
+            set_current_vllm_config(vllm_config),
+            set_default_torch_dtype(model_config.dtype),
+            torch.device("meta"),
+        ):
+            return initialize_model(
+                vllm_config=vllm_config, model_config=model_config, prefix=prefix
+            )
+
+    from vllm.v1.worker.gpu.spec_decode.eagle import utils as eagle_utils
+
+    # load_dspark_model imports get_model when called, load_eagle_model (MTP)
+    # when its module is imported: both names are replaced
+    with (
+        replaced_attributes(model_loader, get_model=build_only),
+        replaced_attributes(eagle_utils, get_model=build_only),
+    ):
+        yield
+
+
 @contextmanager
 def whole_model_on_cpu() -> Iterator[None]:
     """The stand-ins the whole model needs, entered together."""

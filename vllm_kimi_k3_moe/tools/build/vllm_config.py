@@ -17,9 +17,21 @@ from __future__ import annotations
 import copy
 import functools
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_k3_moe.tools.build.draft import speculative_config
+from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    cuda_hybrid_kv_cache,
+    the_serving_gpus_capability,
+)
+from vllm_kimi_k3_moe.tools.nodes import (
+    DEFAULT_GPUS_PER_NODE,
+    HEAD,
+    MULTI_NODE_DP_BACKEND,
+    node_split,
+)
 from vllm_kimi_k3_moe.tools.topology import Serving, Topology
 
 # Kimi-K3's vision tower as published (MoonViT, 27 layers of 1024): vLLM's
@@ -59,25 +71,65 @@ def write_model_dir(
     return directory
 
 
+def _capability_of_the_serving_gpus(on_this_gpu: bool) -> Any:
+    """Nothing where the config is for this host's GPU (``selftest``); else
+    ``stand_ins.the_serving_gpus_capability``."""
+    return nullcontext() if on_this_gpu else the_serving_gpus_capability()
+
+
 @functools.cache
-def _model_config(model_dir: Path, serving: Serving | None) -> Any:
+def _model_config(model_dir: Path, serving: Serving | None, on_this_gpu: bool) -> Any:
     """vLLM's ``ModelConfig`` of the model in ``model_dir``, parsed once (a
     tenth of a second): each ``VllmConfig`` gets a deep copy of it, so no
     config vLLM has seen is used twice. Without serving settings, the
-    context length the model's config gives."""
+    context length the model's config gives. Unless it is for this host's
+    GPU (``on_this_gpu``), the dtype vLLM resolves is a serving GPU's."""
     from vllm.config import ModelConfig
 
-    return ModelConfig(
-        model=str(model_dir),
-        skip_tokenizer_init=True,
-        **(
-            {}
-            if serving is None
-            else {
-                "max_model_len": serving.max_model_len,
-                "language_model_only": serving.language_model_only,
-            }
-        ),
+    with _capability_of_the_serving_gpus(on_this_gpu):
+        return ModelConfig(
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            **(
+                {}
+                if serving is None
+                else {
+                    "max_model_len": serving.max_model_len,
+                    "language_model_only": serving.language_model_only,
+                }
+            ),
+        )
+
+
+def parallel_config(
+    topology: Topology, gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+) -> Any:
+    """vLLM's ``ParallelConfig`` for ``topology`` as ``vllm serve`` makes it
+    on node 0 of the launch ``plan`` prints (``tools/plan/serve_command.py``):
+    over more than ``gpus_per_node`` GPUs, ``--nnodes N --node-rank 0
+    --master-addr HEAD`` on the ``mp`` data-parallel backend, each node
+    running the data-parallel ranks ``EngineArgs`` infers; and the
+    distributed executor backend vLLM resolves on the serving nodes named
+    (``mp``; vLLM picks ``uni`` itself for one GPU). Named, it is not asked of
+    the host the tools run on: ``ParallelConfig.__post_init__`` otherwise
+    refuses a world size above this host's GPU count on a CUDA host ("World
+    size (32) is larger than the number of available GPUs (8) in this
+    node"), which is no fact about the serving nodes."""
+    from vllm.config import ParallelConfig
+
+    split = node_split(topology, gpus_per_node)
+    return ParallelConfig(
+        tensor_parallel_size=topology.tp_size,
+        data_parallel_size=topology.dp_size,
+        enable_expert_parallel=topology.expert_parallel,
+        pipeline_parallel_size=topology.pp_size,
+        decode_context_parallel_size=topology.dcp_size,
+        nnodes=split.nodes,
+        node_rank=0,
+        master_addr=HEAD,
+        data_parallel_size_local=split.dp_per_node,
+        data_parallel_backend=MULTI_NODE_DP_BACKEND,
+        distributed_executor_backend="mp" if topology.gpus > 1 else None,
     )
 
 
@@ -87,6 +139,8 @@ def rank_vllm_config(
     moe_backend: str,
     serving: Serving | None = None,
     device: str = "cpu",
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    speculative: dict[str, Any] | None = None,
 ) -> Any:
     """A fresh ``VllmConfig`` (and ``ModelConfig``: vLLM's model hooks run
     once per one, and vLLM refuses two layers of one name under one
@@ -94,40 +148,41 @@ def rank_vllm_config(
     moe_backend`` makes it on an NVIDIA GPU, for the model in ``model_dir``
     (``serving``: vLLM's defaults and the model's context length if not
     given), on ``device`` (``selftest`` builds on ``cuda`` where it has a
-    GPU). Where this CPU box's platform turned off what CUDA keeps on (the
-    hybrid KV-cache manager), CUDA's setting is put back."""
+    GPU), the nodes of ``gpus_per_node`` GPUs launched as ``parallel_config``
+    says, with ``--speculative-config speculative`` (``draft.for_vllm``'s)
+    if given. Built for GPUs that are not this host's (any device but
+    ``cuda``), vLLM's checks see a serving GPU's compute capability
+    (``stand_ins.the_serving_gpus_capability``); everywhere, a platform that
+    keeps the hybrid KV-cache manager on, as CUDA's does
+    (``stand_ins.cuda_hybrid_kv_cache``)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
         KernelConfig,
-        ParallelConfig,
         SchedulerConfig,
         VllmConfig,
     )
 
-    model_config = copy.deepcopy(_model_config(model_dir, serving))
+    on_this_gpu = device == "cuda"
+    model_config = copy.deepcopy(_model_config(model_dir, serving, on_this_gpu))
     serving = serving or Serving(max_model_len=model_config.max_model_len)
-    vllm_config = VllmConfig(
-        model_config=model_config,
-        device_config=DeviceConfig(device=device),
-        parallel_config=ParallelConfig(
-            tensor_parallel_size=topology.tp_size,
-            data_parallel_size=topology.dp_size,
-            enable_expert_parallel=topology.expert_parallel,
-            pipeline_parallel_size=topology.pp_size,
-            decode_context_parallel_size=topology.dcp_size,
-        ),
-        kernel_config=KernelConfig(moe_backend=moe_backend),
-        scheduler_config=SchedulerConfig(
-            max_model_len=serving.max_model_len,
-            is_encoder_decoder=False,
-            enable_chunked_prefill=True,
-        ),
-        cache_config=CacheConfig(
-            cache_dtype=serving.kv_cache_dtype, enable_prefix_caching=True
-        ),
-    )
-    # CudaPlatform supports the hybrid KV-cache manager (MLA + KDA groups);
-    # the CPU box's platform does not, so VllmConfig turned it off.
-    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    parallel = parallel_config(topology, gpus_per_node)
+    with _capability_of_the_serving_gpus(on_this_gpu), cuda_hybrid_kv_cache():
+        vllm_config = VllmConfig(
+            model_config=model_config,
+            device_config=DeviceConfig(device=device),
+            parallel_config=parallel,
+            kernel_config=KernelConfig(moe_backend=moe_backend),
+            scheduler_config=SchedulerConfig(
+                max_model_len=serving.max_model_len,
+                is_encoder_decoder=False,
+                enable_chunked_prefill=True,
+            ),
+            cache_config=CacheConfig(
+                cache_dtype=serving.kv_cache_dtype, enable_prefix_caching=True
+            ),
+            speculative_config=None
+            if speculative is None
+            else speculative_config(speculative, model_config, parallel),
+        )
     return vllm_config

@@ -25,9 +25,11 @@ from vllm_kimi_k3_moe.tools.build.allocation import (
     ModelAllocation,
     PlacedAllocation,
 )
+from vllm_kimi_k3_moe.tools.build.draft import build_draft, own_parameters
 from vllm_kimi_k3_moe.tools.build.rank import rank_zero_of
 from vllm_kimi_k3_moe.tools.build.stand_ins import whole_model_on_cpu
 from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.text_config import main_moe_layers
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
@@ -52,6 +54,7 @@ class RankBuild:
     placed: PlacedAllocation  # the same bytes, by where a pipeline stage holds them
     moe_layer: LayerAllocation
     vllm_config: Any
+    draft: Any = None  # the speculative draft vLLM loaded next to it, if any
 
 
 def build_rank(
@@ -61,10 +64,15 @@ def build_rank(
     serving: Serving,
     model_dir: Path,
     pp_rank: int = 0,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    speculative: dict[str, Any] | None = None,
 ) -> RankBuild:
     """vLLM's ``KimiK3ForConditionalGeneration`` for rank 0 of
-    ``deployment`` (of its pipeline stage ``pp_rank``) on the ``meta``
-    device, its MoE layers built from ``kimi_moe_cls``, sized."""
+    ``deployment`` (of its pipeline stage ``pp_rank``, launched on nodes of
+    ``gpus_per_node`` GPUs) on the ``meta`` device, its MoE layers built
+    from ``kimi_moe_cls``, sized; with ``--speculative-config speculative``
+    (``draft.for_vllm``'s), its draft too (``draft.build_draft``), counted
+    on the last pipeline stage."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.models.kimi_k3.nvidia import model as model_module
@@ -76,11 +84,22 @@ def build_rank(
         kimi_moe_class(model_module, kimi_moe_cls),
     ):
         vllm_config = rank_vllm_config(
-            model_dir, deployment, deployment.backend, serving
+            model_dir,
+            deployment,
+            deployment.backend,
+            serving,
+            gpus_per_node=gpus_per_node,
+            speculative=speculative,
         )
         with set_current_vllm_config(vllm_config), torch.device("meta"):
             model = model_module.KimiK3ForConditionalGeneration(
                 vllm_config=vllm_config, prefix=""
+            )
+        draft, draft_bytes = None, 0
+        if vllm_config.speculative_config is not None:
+            draft = build_draft(model, vllm_config)
+            draft_bytes = sum(
+                p.numel() * p.element_size() for _, p in own_parameters(draft, model)
             )
     language_model = model.language_model.model
     # the first MoE layer this (pipeline stage's) rank holds
@@ -88,10 +107,15 @@ def build_rank(
         i for i in main_moe_layers(text_config) if i >= language_model.start_layer
     )
     kda_layer = KimiLinearConfig(**text_config).is_kda_layer
+    allocation = ModelAllocation.of(model, kda_layer)
+    allocation.components["speculative_draft"] = draft_bytes
     return RankBuild(
         model=model,
-        allocation=ModelAllocation.of(model, kda_layer),
-        placed=PlacedAllocation.of(model, text_config["num_hidden_layers"], kda_layer),
+        allocation=allocation,
+        placed=PlacedAllocation.of(
+            model, text_config["num_hidden_layers"], kda_layer
+        ).with_draft(draft_bytes),
         moe_layer=LayerAllocation.of(language_model.layers[first_moe].block_sparse_moe),
         vllm_config=vllm_config,
+        draft=draft,
     )

@@ -45,6 +45,7 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
     GpuBudget,
 )
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
+from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import (
@@ -55,6 +56,7 @@ from vllm_kimi_k3_moe.tools.plan.report import (
     wide_table,
 )
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
+from vllm_kimi_k3_moe.tools.speculation import Speculation, read_speculative_config
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
     ConfigFileError,
@@ -136,6 +138,17 @@ def add_command(commands: Subcommands) -> None:
         help="memory of one GPU in GiB as CUDA reports it, for any other GPU",
     )
     plan.add_argument(
+        "--gpus-per-node",
+        type=positive_int,
+        default=DEFAULT_GPUS_PER_NODE,
+        metavar="N",
+        help="GPUs per node (default: "
+        f"{DEFAULT_GPUS_PER_NODE}): each layout says how many nodes it takes, "
+        "and a layout over several nodes gets one vllm serve line per node "
+        "(vLLM's multiprocessing launch: --nnodes, --node-rank, --master-addr "
+        "HEAD, where HEAD is node 0's address, and --headless on the others)",
+    )
+    plan.add_argument(
         "--tp",
         "--tensor-parallel-size",
         dest="tp_sizes",
@@ -188,6 +201,15 @@ def add_command(commands: Subcommands) -> None:
         "GPU size",
     )
     plan.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help="vLLM's --speculative-config, as vllm serve takes it: method "
+        '"dspark" with its draft ("model": a directory holding its config.json, '
+        'or Inferact/Kimi-K3-DSpark) or "mtp" (the checkpoint\'s own MTP layers); '
+        "vLLM builds the draft, its weights and KV cache are counted, and the "
+        "serve commands carry it",
+    )
+    plan.add_argument(
         "--language-model-only",
         action="store_true",
         help="as vLLM's flag: serve without the vision tower (by default "
@@ -235,6 +257,7 @@ class PlanInput:
     budget: GpuBudget | None
     gpu_title: str | None  # the preset's name, or the GiB given
     backend: str  # --moe-backend, as vLLM spells it
+    speculation: Speculation | None  # --speculative-config
 
 
 def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
@@ -298,6 +321,11 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         fmt, quantization_config, quantization_title = _quantization(args)
         budget, gpu_title = _budget(args)
         validate_prefill_context_parallel(args.pcp_size)
+        speculation = (
+            None
+            if args.speculative_config is None
+            else read_speculative_config(args.speculative_config, text_config)
+        )
         backend = args.moe_backend.lower()
         if args.gpus is not None:
             explicit = [
@@ -372,6 +400,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         budget,
         gpu_title,
         backend,
+        speculation,
     )
 
 
@@ -433,6 +462,8 @@ def run(args: argparse.Namespace) -> int:
                 asked.budget,
                 args.model,
                 asked.quantization_config,
+                args.gpus_per_node,
+                asked.speculation,
             )
             with planner:
                 if args.gpus is not None:

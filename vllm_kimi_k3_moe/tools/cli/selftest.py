@@ -29,9 +29,11 @@ from vllm_kimi_k3_moe.tools.cli.common import (
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
     CheckpointInputError,
     ExpertCheckpoint,
+    expert_data_is_zero,
     expert_keys,
     open_checkpoint,
     shard_of_each,
+    zero_data_refusal,
 )
 from vllm_kimi_k3_moe.tools.selftest.dequantize import FORMATS as WITH_REFERENCE
 from vllm_kimi_k3_moe.tools.selftest.harness import SelftestCase
@@ -184,6 +186,8 @@ def _selftest_input(args: argparse.Namespace) -> SelftestInput:
         if checkpoint is not None:
             shape = moe_shape(text_config, topology, reduced_width=False)
             shard_of_each(checkpoint, expert_keys(checkpoint.layout.format, shape))
+            if expert_data_is_zero(checkpoint, checkpoint.layout.format, shape):
+                raise DeploymentError(zero_data_refusal(checkpoint))
     except (ConfigFileError, DeploymentError, CheckpointInputError) as error:
         fail("selftest", str(error))
     return SelftestInput(case, checkpoint)

@@ -29,16 +29,19 @@ from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import KimiK3Format
 from vllm_kimi_k3_moe.patching import upstream_class
 from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, PlacedAllocation
+from vllm_kimi_k3_moe.tools.build.draft import for_vllm, write_draft_dir
 from vllm_kimi_k3_moe.tools.build.kv_cache import KvCachePlanner
 from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_command
+from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE, node_split
+from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_commands
 from vllm_kimi_k3_moe.tools.plan.values import (
     DeploymentPlan,
     MoeMemoryPlan,
     StageAllocation,
 )
+from vllm_kimi_k3_moe.tools.speculation import Speculation
 from vllm_kimi_k3_moe.tools.text_config import (
     moe_layer_count,
     one_layer_of_each,
@@ -119,6 +122,8 @@ class Planner:
         budget: GpuBudget | None = None,
         model: str = DEFAULT_MODEL,
         quantization_config: dict[str, Any] | None = None,
+        gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+        speculation: Speculation | None = None,
     ) -> None:
         self.text_config = text_config
         # a checkpoint's own quantization_config (any config vLLM accepts of
@@ -128,8 +133,16 @@ class Planner:
         validate_serving(self.serving)
         self.budget = budget
         self.model = model
+        self.gpus_per_node = gpus_per_node
+        self.speculation = speculation
         self.upstream_cls, self.fixed_cls = kimi_moe_classes()
         self._directory = tempfile.TemporaryDirectory(prefix="kimi-k3-config-")
+        # what vLLM is given of --speculative-config: its draft's config.json
+        # in a directory of its own
+        self._speculative = speculation and for_vllm(
+            speculation,
+            write_draft_dir(speculation, Path(self._directory.name) / "draft"),
+        )
         self._model_dirs: dict[tuple[str, bool], Path] = {}
         # keyed by a deployment's sharding: the deployment without its pipeline
         # stages, which change which layers a GPU holds, not how they are split
@@ -167,12 +180,28 @@ class Planner:
         serving = self.serving
         if text_config is not self.text_config:  # an MoE layer alone
             serving = replace(serving, language_model_only=True)
+            if self.speculation is not None and self.speculation.method == "mtp":
+                # the MTP draft's MoE layer is sharded as the others
+                text_config = {
+                    **text_config,
+                    "num_nextn_predict_layers": self.text_config[
+                        "num_nextn_predict_layers"
+                    ],
+                }
         model_dir = self._model_dir(deployment.format, text_config, serving)
         built: list[Any] = []
         for cls in (self.upstream_cls, self.fixed_cls):
             try:
                 built.append(
-                    build_rank(cls, text_config, deployment, serving, model_dir)
+                    build_rank(
+                        cls,
+                        text_config,
+                        deployment,
+                        serving,
+                        model_dir,
+                        gpus_per_node=self.gpus_per_node,
+                        speculative=self._speculative,
+                    )
                 )
             except BUILD_ERRORS as error:
                 why = f"{type(error).__name__}: {error}".replace("\n", " ")
@@ -259,13 +288,19 @@ class Planner:
             serving=self.serving,
             stages=stages,
             kv_cache=kv.shape,
-            serve_command=serve_command(
-                deployment,
-                self.serving,
-                self.budget,
-                self.model,
+            serve_commands=tuple(
+                serve_commands(
+                    deployment,
+                    self.serving,
+                    self.budget,
+                    self.model,
+                    self.gpus_per_node,
+                    self.speculation and self.speculation.spec,
+                )
             ),
-            not_counted=NOT_COUNTED,
+            nodes=node_split(deployment, self.gpus_per_node),
+            speculative_config=self.speculation and self.speculation.spec,
+            not_counted=NOT_COUNTED + ((NO_DRAFT,) if self.speculation is None else ()),
         )
         if self.budget is None:
             return plan
@@ -315,8 +350,9 @@ class Planner:
 NOT_COUNTED = (
     "what kernels add after loading (MLA's absorbed matrices)",
     "the vision tower's RoPE table (128 MiB, made at its first forward)",
-    "an MTP draft's layers and KV cache (none published)",
 )
+# ... and without --speculative-config
+NO_DRAFT = "a speculative draft's weights and KV cache (--speculative-config)"
 
 
 def _advice_order(plan: DeploymentPlan) -> tuple[Any, ...]:

@@ -68,7 +68,7 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
     layers = first.moe.moe_layers
     budget, serving = first.budget, first.serving
     groups = [  # the default table's words: vLLM (alone), plugin
-        ("", ["layout", "GPUs", "experts"]),
+        ("", ["layout", "GPUs", "nodes", "experts"]),
         ("rows per GPU", ["logical", "vLLM", "plugin"]),
         ("routed GB per layer", ["vLLM", "plugin", "floor"]),
         (f"routed GB, {layers} layers", ["vLLM", "plugin", "floor"]),
@@ -86,6 +86,7 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
         row = [
             p.deployment.label(),
             str(p.deployment.gpus),
+            str(p.nodes.nodes),
             str(moe.fixed.local_experts),
             str(moe.logical_intermediate_per_rank),
             str(moe.upstream.intermediate_per_rank) if moe.upstream else CANNOT_BUILD,
@@ -137,6 +138,7 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
             "",
             *notes,
             *_dcp_note(plans),
+            *_draft_note(plans),
         ]
     )
 
@@ -169,7 +171,7 @@ def table(
     first = plans[0]
     budget, serving = first.budget, first.serving
     groups = [
-        ("", ["layout", "GPUs"]),
+        ("", ["layout", "GPUs", "nodes"]),
         ("weights GB/GPU", ["vLLM", "plugin"]),
     ]
     if budget is not None:
@@ -184,6 +186,7 @@ def table(
         row = [
             p.deployment.label() + mark,
             str(p.deployment.gpus),
+            str(p.nodes.nodes),
             _gb(_total(p.upstream)),
             _gb(p.fixed.total_bytes),
         ]
@@ -221,7 +224,24 @@ def table(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence."
         )
-    return "\n".join(lines + _dcp_note(plans))
+    return "\n".join(lines + _dcp_note(plans) + _draft_note(plans))
+
+
+def _draft_note(plans: Sequence[DeploymentPlan]) -> list[str]:
+    """What a speculative draft adds, under a table of plans with one."""
+    first = plans[0]
+    spec = first.speculative_config
+    if spec is None:
+        return []
+    draft = max(p.fixed.components["speculative_draft"] for p in plans)
+    kv = first.kv_cache
+    model = f" ({spec['model']})" if spec.get("model") else ""
+    return [
+        f"draft: {spec['method']}{model} in every figure: its weights (up to "
+        f"{draft / GB:.2f} GB per GPU, last",
+        "pipeline stage) and its layers' KV cache, grouped by vLLM with the "
+        f"target's ({kv.padding_layers} padding layers).",
+    ]
 
 
 def _fits_note(budget: GpuBudget, serving: Serving, rest: str) -> list[str]:
@@ -251,20 +271,22 @@ def _dcp_note(plans: Sequence[DeploymentPlan]) -> list[str]:
     ]
 
 
-def _wrapped(command: str, width: int = 100) -> list[str]:
-    """``command`` over lines of at most ``width`` columns, continued with a
-    backslash as a shell reads it, breaking only before an option."""
+def _wrapped(command: str, width: int = 100, indent: int = 4) -> list[str]:
+    """``command`` over lines of at most ``width`` columns, ``indent`` in,
+    continued with a backslash as a shell reads it, breaking only before an
+    option (always before ``--nnodes``)."""
     groups: list[str] = []
     for word in shlex.split(command):
         if word.startswith("--") or not groups:
             groups.append(shlex.quote(word))
         else:
             groups[-1] += " " + shlex.quote(word)
-    lines = ["    " + groups[0]]
+    lines = [" " * indent + groups[0]]
     for group in groups[1:]:
-        if len(lines[-1]) + 1 + len(group) + 2 > width:
+        # a node's own flags start a line: the nodes' lines differ there alone
+        if len(lines[-1]) + 1 + len(group) + 2 > width or group.startswith("--nnodes"):
             lines[-1] += " \\"
-            lines.append("        " + group)
+            lines.append(" " * (indent + 4) + group)
         else:
             lines[-1] += " " + group
     return lines
@@ -286,7 +308,30 @@ def _serve_commands(heading: str, plans: Sequence[DeploymentPlan]) -> list[str]:
     lines = ["", heading]
     for p in plans:
         assert p.advised_command is not None  # only layouts that fit
-        lines += [f"  {p.deployment.label()}:", *_wrapped(p.advised_command)]
+        lines += [f"  {p.deployment.label()}{_over_nodes(p)}:", *_node_lines(p)]
+    return lines
+
+
+def _over_nodes(plan: DeploymentPlan) -> str:
+    nodes = plan.nodes
+    if not nodes.multi_node:
+        return ""
+    return (
+        f", {nodes.nodes} nodes of {nodes.gpus_per_node} GPUs, HEAD: node 0's address"
+    )
+
+
+def _node_lines(plan: DeploymentPlan) -> list[str]:
+    """Each node's line (nodes 0 and 1 in full: the others differ from node
+    1's in their ``--node-rank`` alone; ``--json`` has every one)."""
+    commands = plan.serve_commands
+    if len(commands) == 1:
+        return _wrapped(commands[0])
+    lines = ["    node 0:", *_wrapped(commands[0], indent=6)]
+    lines += ["    node 1:", *_wrapped(commands[1], indent=6)]
+    if len(commands) > 2:
+        ranks = ", ".join(map(str, range(2, len(commands))))
+        lines.append(f"    nodes {ranks}: as node 1, with --node-rank {ranks}")
     return lines
 
 

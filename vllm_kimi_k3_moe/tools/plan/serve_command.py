@@ -1,15 +1,25 @@
-"""The ``vllm serve`` command line that asks vLLM for a planned deployment.
+"""The ``vllm serve`` command lines that launch a planned deployment, one per node.
 
-Each flag is vLLM's own (``EngineArgs.add_cli_args``; the suite parses every
-command back with it). The checkpoint's format needs no flag: vLLM reads it
-from the checkpoint's ``config.json``.
+The one place a layout becomes command lines: ``serve_commands`` takes a
+deployment and how it is served and returns each node's line. Every flag is
+vLLM's own (``EngineArgs.add_cli_args``; the suite parses every line back
+with vLLM's ``vllm serve`` parser and makes vLLM's engine config from it).
+Over several nodes the lines are vLLM's multiprocessing launch
+(``tools/nodes.py``): every node gets the same line with ``--nnodes N
+--node-rank R --master-addr HEAD``, the nodes other than 0 with
+``--headless``; ``HEAD`` stands for node 0's address, which the operator
+fills in. The checkpoint's format needs no flag: vLLM reads it from the
+checkpoint's ``config.json``.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
+from typing import Any
 
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE, HEAD, node_split
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 # What the command names the checkpoint when plan is not told (--model): the
@@ -18,12 +28,49 @@ from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 DEFAULT_MODEL = "moonshotai/Kimi-K3"
 
 
-def serve_command(
+def serve_commands(
+    deployment: Deployment,
+    serving: Serving,
+    budget: GpuBudget | None = None,
+    model: str = DEFAULT_MODEL,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    speculative_config: dict[str, Any] | None = None,
+) -> list[str]:
+    """The ``vllm serve`` line of each node that runs ``deployment`` on
+    nodes of ``gpus_per_node`` GPUs (one line on one node), served as
+    ``serving`` says, at ``budget``'s ``--gpu-memory-utilization``, with
+    ``--speculative-config`` as given (vLLM's JSON)."""
+    arguments = _layout_and_serving(
+        deployment, serving, budget, model, speculative_config
+    )
+    split = node_split(deployment, gpus_per_node)
+    if not split.multi_node:
+        return [shlex.join(arguments)]
+    return [
+        shlex.join(
+            [
+                *arguments,
+                "--nnodes",
+                str(split.nodes),
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                HEAD,
+                *(["--headless"] if rank else []),
+            ]
+        )
+        for rank in range(split.nodes)
+    ]
+
+
+def _layout_and_serving(
     deployment: Deployment,
     serving: Serving,
     budget: GpuBudget | None,
-    model: str = DEFAULT_MODEL,
-) -> str:
+    model: str,
+    speculative_config: dict[str, Any] | None,
+) -> list[str]:
+    """The words every node's line shares."""
     arguments = [
         "vllm",
         "serve",
@@ -47,4 +94,6 @@ def serve_command(
         arguments += ["--gpu-memory-utilization", f"{budget.utilization:g}"]
     if serving.language_model_only:
         arguments.append("--language-model-only")
-    return shlex.join(arguments)
+    if speculative_config is not None:
+        arguments += ["--speculative-config", json.dumps(speculative_config)]
+    return arguments

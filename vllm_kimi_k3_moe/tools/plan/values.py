@@ -16,6 +16,7 @@ from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, ModelAllocation
 from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape, KvCapacity
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.nodes import NodeSplit
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 GB = 10**9  # the unit of every size plan reports per GPU
@@ -109,13 +110,15 @@ class DeploymentPlan:
     MoE-layer figures, each pipeline stage's weights per GPU by component
     (``upstream``/``fixed``: the heaviest stage's), the KV cache's make-up
     and, given a GPU budget, what vLLM would allocate of it next to each
-    model, and the ``vllm serve`` command that asks for it."""
+    model, the nodes it takes and each node's ``vllm serve`` line."""
 
     moe: MoeMemoryPlan
     serving: Serving
     stages: tuple[StageAllocation, ...]
     kv_cache: KvCacheShape
-    serve_command: str
+    serve_commands: tuple[str, ...]  # each node's line, node 0's first
+    nodes: NodeSplit
+    speculative_config: dict[str, Any] | None = None  # as given, and sized
     not_counted: tuple[str, ...] = ()  # what vllm serve holds that is not here
     budget: GpuBudget | None = None
     upstream_kv: KvCapacity | None = None
@@ -124,6 +127,11 @@ class DeploymentPlan:
     @property
     def deployment(self) -> Deployment:
         return self.moe.deployment
+
+    @property
+    def serve_command(self) -> str:
+        """Node 0's ``vllm serve`` line (the only one on one node)."""
+        return self.serve_commands[0]
 
     @property
     def upstream(self) -> ModelAllocation | None:
@@ -223,5 +231,10 @@ class DeploymentPlan:
                 "plugin_makes_it_fit": self.plugin_makes_it_fit,
             }
             document["reason"] = self.reason()
+        document["nodes"] = asdict(self.nodes)
+        document["speculative_config"] = self.speculative_config
+        # the lines plan stands behind: none where the layout does not fit
+        advised = self.advised_command is not None
         document["serve_command"] = self.advised_command
+        document["serve_commands"] = list(self.serve_commands) if advised else None
         return document

@@ -31,6 +31,7 @@ from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
     INDEX_FILE,
     CheckpointDirError,
     read_checkpoint_tensors,
+    read_header,
 )
 from vllm_kimi_k3_moe.tools.selftest.shape import MoeShape
 
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 # The harness's MoE layer: layer 0 is the dense layer (not built), 1 the MoE.
 LAYER = 1
+# Bytes read at a time when looking for data in the layer's tensors.
+CHUNK_BYTES = 1 << 24
 
 
 class CheckpointInputError(ValueError):
@@ -145,3 +148,41 @@ def read_experts(
                 if holder == shard:
                     tensors[key] = opened.get_tensor(checkpoint.key_in_checkpoint(key))
     return {key: tensors[key] for key in shards}
+
+
+def zero_data_refusal(checkpoint: ExpertCheckpoint) -> str:
+    """Why a layer whose expert data is all zero cannot judge a layout."""
+    return (
+        f"the routed experts of layer {checkpoint.layer} of {checkpoint.directory} "
+        "give an all-zero output (their data is zero: a header-only or sparse "
+        "copy?): a layout cannot be judged on them"
+    )
+
+
+def expert_data_is_zero(
+    checkpoint: ExpertCheckpoint, fmt: CheckpointFormat, shape: MoeShape
+) -> bool:
+    """Whether every byte of the layer's expert tensors (``expert_keys``) is
+    zero, as a header-only or sparse copy of a checkpoint reads: in every
+    format the weights are then zero (zero values, or zero scales), and so
+    is the output of every layout. Read in chunks from the shards, without
+    torch; stops at the first byte that is not zero."""
+    shards = shard_of_each(checkpoint, expert_keys(fmt, shape))
+    for shard in sorted(set(shards.values())):
+        tensors, size, data = read_header(shard)
+        start = size - data  # the data section follows the header
+        with shard.open("rb") as opened:
+            for key, holder in shards.items():
+                if holder != shard:
+                    continue
+                begin, end = tensors[checkpoint.key_in_checkpoint(key)].data_offsets
+                opened.seek(start + begin)
+                remaining = end - begin
+                while remaining:
+                    chunk = opened.read(min(CHUNK_BYTES, remaining))
+                    if not chunk:
+                        break  # a truncated shard: safetensors says so later
+                    if chunk.count(0) != len(chunk):
+                        return False
+                    remaining -= len(chunk)
+    return True

@@ -105,8 +105,30 @@ def dequantize(fmt: str, tensors: dict[str, Tensor]) -> Weights:
 
 def rank_weights(fmt: str, experts: nn.Module) -> Weights:
     """A rank's loaded routed experts (``RoutedExperts``), pads included,
-    dequantized to FP32."""
-    return dequantize(fmt, {n: p.data for n, p in experts.named_parameters()})
+    dequantized to FP32, one expert at a time into the result: vLLM's
+    dequantizers make temporaries several times the size of what they are
+    given (MXFP4's ~16 bytes per packed byte), which for a whole layer at
+    the real width (``selftest --checkpoint``) would be gigabytes."""
+    import torch
+
+    tensors = {n: p.data for n, p in experts.named_parameters()}
+    count = experts.local_num_experts
+    w13 = w2 = None
+    for expert in range(count):
+        one = {
+            name: tensor[expert : expert + 1]
+            if tensor.dim() and tensor.shape[0] == count
+            else tensor
+            for name, tensor in tensors.items()
+        }
+        expert_w13, expert_w2 = dequantize(fmt, one)
+        if w13 is None or w2 is None:
+            w13 = torch.empty((count, *expert_w13.shape[1:]), dtype=torch.float32)
+            w2 = torch.empty((count, *expert_w2.shape[1:]), dtype=torch.float32)
+        w13[expert : expert + 1] = expert_w13
+        w2[expert : expert + 1] = expert_w2
+    assert w13 is not None and w2 is not None
+    return w13, w2
 
 
 def checkpoint_weights(

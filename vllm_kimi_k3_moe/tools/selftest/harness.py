@@ -34,9 +34,10 @@ from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
     ExpertCheckpoint,
     open_checkpoint,
     read_experts,
+    zero_data_refusal,
 )
 from vllm_kimi_k3_moe.tools.selftest.dequantize import one_expert
-from vllm_kimi_k3_moe.tools.selftest.kernels import Forward, KernelPath
+from vllm_kimi_k3_moe.tools.selftest.kernels import Forward, KernelPath, RankKernel
 from vllm_kimi_k3_moe.tools.selftest.layer import (
     build_moe_layers,
     kimi_moe,
@@ -58,6 +59,12 @@ from vllm_kimi_k3_moe.tools.topology import Deployment, Topology
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
+
+
+class SelftestUnusable(ValueError):
+    """What cannot be judged here: the kernel does not run the format on
+    this machine at all (not even unsharded), or the checkpoint's expert
+    data cannot tell a right layout from a wrong one; one line."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,8 @@ def vllm_alone(kimi_model: ModuleType) -> Iterator[None]:
 @dataclass
 class LoadedRank:
     experts: nn.Module  # the rank's RoutedExperts
-    forward: Forward
+    forward: Forward  # to be run inside ``kernel.context()``
+    kernel: RankKernel
 
 
 @dataclass
@@ -125,7 +133,8 @@ def prepare_layer(
 ) -> PreparedLayer:
     """Write the layer's ``config.json`` to ``workdir``, read its experts
     (from ``checkpoint``, or a synthetic checkpoint written to ``workdir``),
-    make the inputs and compute the reference on ``path``'s device."""
+    make the inputs and compute the reference on ``path``'s device;
+    ``SelftestUnusable`` if the checkpoint's expert bytes are all zero."""
     shape = moe_shape(
         case.text_config,
         case.topology,
@@ -144,6 +153,10 @@ def prepare_layer(
         if checkpoint.hf_quant_config is not None:
             shutil.copy(checkpoint.directory / MODELOPT_CONFIG_FILE, workdir)
     tensors = read_experts(source, fmt, shape)
+    if checkpoint is not None and not any(t.any() for t in tensors.values()):
+        # a header-only or sparse copy reads as zeros: every format's values
+        # or scales are zero, and so is every layout's output
+        raise SelftestUnusable(zero_data_refusal(checkpoint))
     weights = one_expert(case.quantization, tensors, path.device)
     inputs = moe_inputs(weights(0)[0], shape, path.device)
     expected = reference_output(weights, inputs, shape)
@@ -187,8 +200,8 @@ def loaded_rank(
                 load_experts(model, layer.tensors)
             moe = kimi_moe(model)
             moe.gate.e_score_correction_bias.data.copy_(layer.inputs.bias)
-            forward = path.prepare(model, case.quantization, vllm_config)
-            yield LoadedRank(routed_experts(moe), forward)
+            kernel = path.prepare(model, case.quantization, vllm_config)
+            yield LoadedRank(routed_experts(moe), kernel.forward, kernel)
 
 
 def ranks_of(topology: Topology) -> list[Rank]:
@@ -220,7 +233,8 @@ def deployment_outputs(
     for rank in ranks_of(topology or case.topology):
         with loaded_rank(path, case, kimi_model, layer, rank, building) as loaded:
             for tokens in BATCH_SIZES:
-                output = loaded.forward(*layer.inputs.first(tokens)).float()
+                with loaded.kernel.context():
+                    output = loaded.forward(*layer.inputs.first(tokens)).float()
                 sums[tokens] = output + sums[tokens] if tokens in sums else output
             if on_rank is not None:
                 on_rank(rank, loaded)

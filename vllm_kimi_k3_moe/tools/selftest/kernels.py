@@ -2,7 +2,10 @@
 loaded rank's experts are run.
 
 Both paths build, load and route the same (``harness``); each gives a
-``forward(hidden, logits)`` for a loaded rank.
+loaded rank's ``RankKernel``: ``forward(hidden, logits)``, run inside vLLM's
+forward context (``set_forward_context``: kernels read it when they run,
+Humming's for the batch's token count), as vLLM's model runner runs every
+forward; on a GPU also the experts alone, for timing.
 
 ``SelectedKernel`` (a CUDA device) does what vLLM 0.33.0 does on a GPU:
     ``BaseModelLoader.load_model`` builds on the device and then calls
@@ -16,7 +19,10 @@ Both paths build, load and route the same (``harness``); each gives a
     (``MoERunner._maybe_pad_hidden_states``, ``_apply_quant_method``:
     modular kernels after the router, monolithic ones routing inside). With
     data parallelism, the kernel's prepare/finalize is made for one GPU
-    (``stand_ins.one_gpu_for_the_data_parallel_group``).
+    (``stand_ins.one_gpu_for_the_data_parallel_group``), and the forward
+    context has no data-parallel metadata (one GPU's tokens). Timed: the
+    experts alone (``experts_alone``: the router's choice made first, as
+    ``_apply_quant_method`` makes it; a monolithic kernel routes inside).
 
 ``ReferenceKernel`` (no CUDA device; CI):
     the kernel is selected as on the GPU that runs it (every kernel's
@@ -33,7 +39,8 @@ Both paths build, load and route the same (``harness``); each gives a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm_kimi_k3_moe.tools.build.stand_ins import (
@@ -52,6 +59,28 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
 Forward = Callable[["Tensor", "Tensor"], "Tensor"]  # (hidden, logits) -> output
+# (hidden, logits) -> a call running the experts alone on them
+ExpertsAlone = Callable[["Tensor", "Tensor"], Callable[[], Any]]
+
+
+@dataclass
+class RankKernel:
+    """A loaded rank's experts, ready to run inside ``context()``."""
+
+    forward: Forward  # the router, then the experts, as the MoE runner runs them
+    context: Callable[[], AbstractContextManager[Any]]  # vLLM's forward context
+    experts_alone: ExpertsAlone | None = None  # None: the path is untimed
+    routes_inside: bool = False  # a monolithic kernel: routing is part of it
+
+
+def forward_context(vllm_config: Any) -> Callable[[], AbstractContextManager[Any]]:
+    """vLLM's forward context for a rank's forward, as the model runner sets
+    it around every forward (``set_forward_context``): no attention
+    metadata (no attention layer runs) and no data-parallel metadata, one
+    GPU's tokens (``stand_ins.one_gpu_for_the_data_parallel_group``)."""
+    from vllm.forward_context import set_forward_context
+
+    return lambda: set_forward_context(None, vllm_config)
 
 
 class KernelPath(Protocol):
@@ -66,8 +95,8 @@ class KernelPath(Protocol):
     def selection(self, deployment: Deployment) -> Any:
         """Entered while a rank is built: how vLLM picks its kernel here."""
 
-    def prepare(self, model: nn.Module, fmt: str, vllm_config: Any) -> Forward:
-        """The rank's loaded layer, ready to run; its ``forward``."""
+    def prepare(self, model: nn.Module, fmt: str, vllm_config: Any) -> RankKernel:
+        """The rank's loaded layer, ready to run."""
 
     def kernel(self, experts: nn.Module) -> str:
         """What runs the experts, for the report."""
@@ -94,7 +123,7 @@ class SelectedKernel:
     def selection(self, deployment: Deployment) -> Any:
         return nullcontext()  # vLLM asks this GPU
 
-    def prepare(self, model: nn.Module, fmt: str, vllm_config: Any) -> Forward:
+    def prepare(self, model: nn.Module, fmt: str, vllm_config: Any) -> RankKernel:
         from vllm.model_executor.model_loader.utils import (
             process_weights_after_loading,
         )
@@ -110,6 +139,7 @@ class SelectedKernel:
             experts._ensure_moe_quant_config_init()
         runner = moe.experts
         dtype = vllm_config.model_config.dtype
+        monolithic = runner.routed_experts.quant_method.is_monolithic
 
         def forward(hidden: Tensor, logits: Tensor) -> Tensor:
             # as MoERunner.forward: the input padded to the width the
@@ -120,7 +150,28 @@ class SelectedKernel:
             )
             return output[..., : hidden.shape[-1]]
 
-        return forward
+        def experts_alone(hidden: Tensor, logits: Tensor) -> Callable[[], Any]:
+            # _apply_quant_method's two paths, the input and routing made
+            # once here: the call runs the experts kernel alone
+            padded, _, _ = runner._maybe_pad_hidden_states(None, hidden.to(dtype))
+            if monolithic:
+                prepared = runner.router.prepare_monolithic_logits(logits)
+                return lambda: runner.routed_experts.forward_monolithic(
+                    x=padded, router_logits=prepared, input_ids=None
+                )
+            topk_weights, topk_ids = runner.router.select_experts(
+                hidden_states=padded,
+                router_logits=logits,
+                topk_indices_dtype=runner._quant_method.topk_indices_dtype,
+                input_ids=None,
+            )
+            return lambda: runner.routed_experts.forward_modular(
+                x=padded, topk_weights=topk_weights, topk_ids=topk_ids
+            )
+
+        return RankKernel(
+            forward, forward_context(vllm_config), experts_alone, monolithic
+        )
 
     def kernel(self, experts: nn.Module) -> str:
         return selected_kernel(experts)
@@ -149,7 +200,7 @@ class ReferenceKernel:
     def selection(self, deployment: Deployment) -> Any:
         return _cpu_selection(deployment)
 
-    def prepare(self, model: nn.Module, fmt: str, vllm_config: Any) -> Forward:
+    def prepare(self, model: nn.Module, fmt: str, vllm_config: Any) -> RankKernel:
         from vllm.model_executor.layers.fused_moe.config import (
             FUSED_MOE_UNQUANTIZED_CONFIG,
         )
@@ -199,7 +250,7 @@ class ReferenceKernel:
                     apply_router_weight_on_input=False,
                 )
 
-        return forward
+        return RankKernel(forward, forward_context(vllm_config))
 
     def kernel(self, experts: nn.Module) -> str:
         return (

@@ -18,7 +18,7 @@ from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import format_named
 from vllm_kimi_k3_moe.tools.selftest.reference import BATCH_SIZES
 from vllm_kimi_k3_moe.tools.selftest.run import SelftestResult
-from vllm_kimi_k3_moe.tools.selftest.timing import REPEATS, WARMUP
+from vllm_kimi_k3_moe.tools.selftest.timing import REPEATS, ExpertsTime
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
 
 INDENT = " " * 12
@@ -76,31 +76,57 @@ def _error_line(errors: dict[int, float]) -> str:
     return ", ".join(f"{errors[n]:.1e}" for n in BATCH_SIZES if n in errors)
 
 
+def _us(time: ExpertsTime | None) -> str:
+    """A time as the table prints it: the CUDA graph's, the eager one beside."""
+    if time is None:
+        return "-"
+    graph = "not captured" if time.graph is None else f"{time.graph:.1f}"
+    return f"{graph} ({time.eager:.1f})"
+
+
 def _time_lines(result: SelftestResult) -> list[str]:
     if not result.timed:
         return []
     if not result.times:
         return ["time        not measured: the plugin's layout did not run"]
     alone_rows = result.vllm_alone
+    alone = f"vLLM alone ({alone_rows} rows)" if alone_rows else "vLLM alone"
+    what = (
+        "routing included: the kernel routes"
+        if result.routes_inside
+        else ("routed before")
+    )
     header = (
-        f"  {'tokens':>6}  {f'plugin ({result.partitions[0].allocated} rows)':>20}"
-        f"  {f'vLLM alone ({alone_rows} rows)' if alone_rows else 'vLLM alone':>22}"
-        "  plugin / vLLM alone"
+        f"  {'tokens':>6}  {f'plugin ({result.partitions[0].allocated} rows)':>24}"
+        f"  {alone:>24}  plugin / vLLM alone"
     )
     lines = [
-        f"time        GPU 0's routed experts, us, median of {REPEATS} after "
-        f"{WARMUP} warm-up",
+        f"time        GPU 0's routed experts alone ({what}), us, median of {REPEATS} "
+        f"CUDA-graph replays (eager calls)",
         header,
     ]
+    not_captured = []
     for tokens in BATCH_SIZES:
-        plugin, alone = result.times[tokens]
-        if alone is None:
+        plugin, alone_time = result.times[tokens]
+        not_captured += [
+            t.not_captured for t in (plugin, alone_time) if t and t.not_captured
+        ]
+        if alone_time is None:
             failed = "build" if result.vllm_alone is None else "run"
             rest = f"  vLLM alone cannot {failed} this layout"
         else:
-            rest = f"{alone:>22.1f}  {plugin / alone:>19.2f}"
-        lines.append(f"  {tokens:>6}  {plugin:>20.1f}  {rest}")
+            rest = f"{_us(alone_time):>24}  {_ratio(plugin, alone_time):>19}"
+        lines.append(f"  {tokens:>6}  {_us(plugin):>24}  {rest}")
+    if not_captured:
+        lines.append(f"{INDENT}not captured in a CUDA graph: {not_captured[0]}")
     return lines
+
+
+def _ratio(plugin: ExpertsTime, alone: ExpertsTime) -> str:
+    """The graphs' ratio (the eager calls' where either was not captured)."""
+    if plugin.graph is not None and alone.graph is not None:
+        return f"{plugin.graph / alone.graph:.2f}"
+    return f"{plugin.eager / alone.eager:.2f} eager"
 
 
 def _verdict(result: SelftestResult) -> str:
@@ -211,10 +237,17 @@ def as_dict(result: SelftestResult) -> dict[str, Any]:
         "unsharded_errors": _numbers(result.unsharded),
         "allowed": _numbers(result.tolerances),
         "times_us": {
-            str(n): {"plugin": plugin, "vllm_alone": alone}
+            str(n): {
+                "plugin": plugin.graph,
+                "vllm_alone": alone and alone.graph,
+                "plugin_eager": plugin.eager,
+                "vllm_alone_eager": alone and alone.eager,
+                "not_captured": plugin.not_captured or (alone and alone.not_captured),
+            }
             for n, (plugin, alone) in result.times.items()
         }
         or None,
+        "timed_with_routing": result.routes_inside if result.times else None,
         "failure": result.failure,
         "verdict": _verdict(result).split(None, 1)[1],
     }

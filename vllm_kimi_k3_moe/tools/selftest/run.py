@@ -23,6 +23,7 @@ from vllm_kimi_k3_moe.tools.selftest.harness import (
     LoadedRank,
     PreparedLayer,
     SelftestCase,
+    SelftestUnusable,
     deployment_outputs,
     errors_of,
     loaded_rank,
@@ -33,17 +34,12 @@ from vllm_kimi_k3_moe.tools.selftest.harness import (
 from vllm_kimi_k3_moe.tools.selftest.kernels import KernelPath
 from vllm_kimi_k3_moe.tools.selftest.reference import BATCH_SIZES
 from vllm_kimi_k3_moe.tools.selftest.shape import MoeShape
-from vllm_kimi_k3_moe.tools.selftest.timing import median_microseconds
+from vllm_kimi_k3_moe.tools.selftest.timing import ExpertsTime, experts_times
 from vllm_kimi_k3_moe.tools.topology import Topology
 
 # The layout's error may be this many times the unsharded kernel's: each
 # rank rounds its partial sum, and the ranks' roundings add up.
 SHARDING_ALLOWANCE = 2.0
-
-
-class SelftestUnusable(ValueError):
-    """The kernel cannot run this format on this machine at all (not even
-    unsharded); one line."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +70,11 @@ class SelftestResult:
     failure: str | None = None  # how the plugin's layout failed to run
     vllm_alone: int | None = None  # vLLM alone's rank-0 partition
     vllm_alone_failure: str | None = None
-    # tokens -> (plugin's, vLLM alone's) median microseconds of rank 0
-    times: dict[int, tuple[float, float | None]] = field(default_factory=dict)
+    # tokens -> (plugin's, vLLM alone's) time of rank 0's experts alone
+    times: dict[int, tuple[ExpertsTime, ExpertsTime | None]] = field(
+        default_factory=dict
+    )
+    routes_inside: bool = False  # the kernel is monolithic: timed with routing
 
     @property
     def ok(self) -> bool:
@@ -89,16 +88,46 @@ class SelftestResult:
         )
 
 
+def judgeable(layer: PreparedLayer, checkpoint: ExpertCheckpoint) -> None:
+    """``SelftestUnusable`` where the checkpoint's experts cannot judge a
+    layout: their unsharded output (the reference, from the tensors as
+    vLLM's dequantizers read them) is not finite, or all zero (every layout
+    sums to zero: expert data all zero; ``prepare_layer`` refuses a layer
+    whose bytes are all zero before dequantizing it)."""
+    import torch
+
+    expected = layer.expected
+    where = f"layer {checkpoint.layer} of {checkpoint.directory}"
+    if not torch.isfinite(expected).all():
+        raise SelftestUnusable(
+            f"the routed experts of {where} give a non-finite output (NaN or "
+            "infinite values in their data): a layout cannot be judged on them"
+        )
+    if not expected.any():
+        raise SelftestUnusable(
+            f"the routed experts of {where} give an all-zero output (their data "
+            "is zero: a header-only or sparse copy?): a layout cannot be judged "
+            "on them"
+        )
+
+
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _times(loaded: LoadedRank, layer: PreparedLayer) -> dict[int, float]:
-    return {
-        tokens: median_microseconds(loaded.forward, *layer.inputs.first(tokens))
-        for tokens in BATCH_SIZES
-    }
+def _times(loaded: LoadedRank, layer: PreparedLayer) -> dict[int, ExpertsTime]:
+    """Rank 0's experts alone at each batch size, in a CUDA graph and
+    eagerly, inside vLLM's forward context."""
+    kernel = loaded.kernel
+    assert kernel.experts_alone is not None  # a timed path
+    times = {}
+    with kernel.context():
+        for tokens in BATCH_SIZES:
+            times[tokens] = experts_times(
+                kernel.experts_alone(*layer.inputs.first(tokens))
+            )
+    return times
 
 
 def _compare_with_vllm_alone(
@@ -139,6 +168,8 @@ def run_selftest(
     (None: a synthetic checkpoint in the format), working in ``workdir``.
     ``SelftestUnusable`` if the kernel does not run the format unsharded."""
     layer = prepare_layer(case, path, workdir, checkpoint)
+    if checkpoint is not None:
+        judgeable(layer, checkpoint)
     result = SelftestResult(
         case,
         layer.shape,
@@ -156,11 +187,10 @@ def run_selftest(
         ) from error
     result.unsharded = errors_of(unsharded, layer)
     if not all(math.isfinite(error) for error in result.unsharded.values()):
-        result.failure = (
-            "the unsharded layer (one rank, every row) is not finite on this "
-            "kernel: the layout cannot be judged"
+        raise SelftestUnusable(
+            f"the unsharded layer (one rank, every row) is not finite on "
+            f"{case.backend} here ({device_name}): a layout cannot be judged"
         )
-        return result
     result.floor = path.floor
     result.tolerances = {
         tokens: max(path.floor, SHARDING_ALLOWANCE * error)
@@ -181,6 +211,7 @@ def run_selftest(
         )
         if path.timed and len(result.partitions) == 1:
             result.times = {n: (t, None) for n, t in _times(loaded, layer).items()}
+            result.routes_inside = loaded.kernel.routes_inside
 
     try:
         outputs = deployment_outputs(path, case, kimi_model, layer, on_rank=record)
