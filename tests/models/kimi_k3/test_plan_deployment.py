@@ -189,11 +189,14 @@ def test_every_format_gets_its_vllm_method(kimi_model):
 
 def test_formats_order_by_bytes_per_expert_value_at_tp32(formats):
     """BF16 2 bytes per expert value, FP8 1 (+ block scales), the 4-bit
-    formats about half; INT4 and NVFP4 are allocated at the logical 96 rows
-    (their kernels pad at weight preparation), MXFP4 at Marlin's 128."""
+    formats about half. Each 4-bit format is allocated the rows its kernel
+    keeps once it prepared them: Marlin's 128 for MXFP4 and INT4 in groups
+    of 32 (96 would be padded again there), NVFP4's 96 padded to 128 too."""
     sizes = {fmt: formats[fmt, 32].fixed.total_bytes for fmt in FORMAT_NAMES}
-    assert sizes["bf16"] > sizes["fp8-block"] > sizes["mxfp4"] > sizes["w4a16"]
-    assert sizes["w4a16"] > sizes["nvfp4"] == sizes["modelopt-nvfp4"]
+    assert sizes["bf16"] > sizes["fp8-block"] > sizes["w4a16"] > sizes["mxfp4"]
+    assert sizes["nvfp4"] == sizes["modelopt-nvfp4"]
+    for fmt in ("mxfp4", "w4a16", "nvfp4", "modelopt-nvfp4"):
+        assert formats[fmt, 32].moe.fixed.intermediate_per_rank == 128, fmt
 
 
 @pytest.mark.parametrize(

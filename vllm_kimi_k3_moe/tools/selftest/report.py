@@ -89,7 +89,7 @@ def _time_lines(result: SelftestResult) -> list[str]:
         return []
     if not result.times:
         return ["time        not measured: the plugin's layout did not run"]
-    alone_rows = result.vllm_alone
+    alone_rows = result.vllm_alone_kept or result.vllm_alone
     alone = f"vLLM alone ({alone_rows} rows)" if alone_rows else "vLLM alone"
     what = (
         "routing included: the kernel routes"
@@ -169,6 +169,8 @@ def screen(result: SelftestResult) -> str:
         lines.append(f"{'partition' if index == 0 else '':<12}{line}")
     if result.vllm_alone is not None:
         alone = f"{result.vllm_alone} rows per expert on GPU 0"
+        if result.vllm_alone_kept is not None:
+            alone += f", {result.vllm_alone_kept} once its kernel pads them"
     elif result.vllm_alone_failure is not None:
         alone = f"cannot build this layout ({result.vllm_alone_failure})"
     else:
@@ -231,6 +233,7 @@ def as_dict(result: SelftestResult) -> dict[str, Any]:
         ],
         "vllm_alone": {
             "rows": result.vllm_alone,
+            "rows_kept": result.vllm_alone_kept or result.vllm_alone,
             "error": result.vllm_alone_failure,
         },
         "errors": _numbers(result.errors),

@@ -16,7 +16,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
 from vllm_kimi_k3_moe.tools.build.rank import Rank
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import ExpertCheckpoint
 from vllm_kimi_k3_moe.tools.selftest.harness import (
@@ -69,6 +71,7 @@ class SelftestResult:
     floor: float = 0.0  # the least of them: the path's arithmetic
     failure: str | None = None  # how the plugin's layout failed to run
     vllm_alone: int | None = None  # vLLM alone's rank-0 partition
+    vllm_alone_kept: int | None = None  # what its kernel keeps, where it pads
     vllm_alone_failure: str | None = None
     # tokens -> (plugin's, vLLM alone's) time of rank 0's experts alone
     times: dict[int, tuple[ExpertsTime, ExpertsTime | None]] = field(
@@ -130,6 +133,20 @@ def _times(loaded: LoadedRank, layer: PreparedLayer) -> dict[int, ExpertsTime]:
     return times
 
 
+def kept_rows(experts: Any) -> int | None:
+    """The rows per expert ``experts``' kernel keeps once its weight
+    preparation ran, where it pads the allocated ones again (Marlin, Humming,
+    NVFP4 on FlashInfer: ``kernel_padding``); None where it keeps them, or
+    no rule of the plugin's knows the method."""
+    method, n = experts.quant_method, experts.intermediate_size_per_partition
+    try:
+        rule = rule_of(method, experts.moe_config)
+        kept = None if rule is None else rule.resident(method, n)
+    except Exception:  # a method its preparation left unreadable: not known
+        return None
+    return kept if kept != n else None
+
+
 def _compare_with_vllm_alone(
     path: KernelPath,
     case: SelftestCase,
@@ -146,6 +163,7 @@ def _compare_with_vllm_alone(
             ) as loaded,
         ):
             result.vllm_alone = loaded.experts.intermediate_size_per_partition
+            result.vllm_alone_kept = kept_rows(loaded.experts)
             if path.timed:
                 alone = _times(loaded, layer)
                 result.times = {

@@ -13,6 +13,7 @@ returns to what the compiled kernel assumes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
 from dataclasses import dataclass, replace
@@ -46,8 +47,9 @@ from vllm_kimi_k3_moe.tools.selftest.harness import (
     PreparedLayer,
     SelftestCase,
     loaded_rank,
+    vllm_alone,
 )
-from vllm_kimi_k3_moe.tools.selftest.kernels import ReferenceKernel
+from vllm_kimi_k3_moe.tools.selftest.kernels import RankKernel, ReferenceKernel
 from vllm_kimi_k3_moe.tools.selftest.layer import (
     kimi_moe,
     routed_experts,
@@ -178,7 +180,7 @@ class PreparedOnCpu:
     def selection(self, deployment: Any) -> Any:
         return self.reference.selection(deployment)
 
-    def prepare(self, model: Any, fmt: str, vllm_config: Any) -> Any:
+    def prepare(self, model: Any, fmt: str, vllm_config: Any) -> RankKernel:
         from vllm.model_executor.model_loader.utils import (
             process_weights_after_loading,
         )
@@ -194,10 +196,14 @@ class PreparedOnCpu:
             process_weights_after_loading(
                 experts, vllm_config.model_config, self.device
             )
-        return None
+        return RankKernel(_not_run, contextlib.nullcontext)
 
     def kernel(self, experts: Any) -> str:
         return self.reference.kernel(experts)
+
+
+def _not_run(hidden: Any, logits: Any) -> Any:
+    raise AssertionError("a prepared rank is checked, not run: no GPU kernel here")
 
 
 _WORKDIR = tempfile.TemporaryDirectory(prefix="kimi-k3-preparation-")
@@ -245,6 +251,30 @@ def prepare_rank(kimi_model: ModuleType, case: PreparationCase) -> PreparedRank:
         return PreparedRank(
             case, experts, path.loaded, experts.kimi_k3_partition, layer.shape.width
         )
+
+
+def prepare_vllm_alone_rank(kimi_model: ModuleType, case: PreparationCase) -> Any:
+    """``case``'s GPU as vLLM alone builds, loads and prepares it (the plugin
+    taken out of the process): its routed experts."""
+    layer = _layer(case.config, _layer_topology(case.topology))
+    topology = case.topology
+    rank = Rank(
+        topology,
+        tp_rank=case.rank % topology.tp_size,
+        dp_rank=case.rank // topology.tp_size,
+    )
+    with (
+        vllm_alone(kimi_model),
+        loaded_rank(
+            PreparedOnCpu(),
+            case.selftest_case(),
+            kimi_model,
+            layer,
+            rank,
+            building=stand_ins.loading,
+        ) as loaded,
+    ):
+        return loaded.experts
 
 
 def rows_held(

@@ -40,6 +40,7 @@ from tests.models.kimi_k3.preparation.harness import (
     PreparationCase,
     PreparedRank,
     prepare_rank,
+    prepare_vllm_alone_rank,
     representatives,
     rows_held,
 )
@@ -57,6 +58,7 @@ from tests.models.kimi_k3.preparation.marlin_kernel import (
     nvfp4_scales,
 )
 from tests.models.kimi_k3.preparation.stand_ins.marlin import MARLIN_TILE, unrepacked
+from vllm_kimi_k3_moe.tools.topology import Topology
 
 CONFIGS = (
     "mxfp4",
@@ -263,3 +265,16 @@ def test_marlin_fp_preparation_is_what_the_kernel_reads(
     for case in _cases(format_experts, config):
         found += problems_of(_prepared(kimi_model, case))
     assert not found, "\n".join(found)
+
+
+def test_selftest_says_what_vllm_alones_kernel_keeps(kimi_model, one_cpu_thread):
+    """NVFP4 at TP8 x DP4: vLLM alone allocates the bare 96 rows, which
+    Marlin's preparation pads again; selftest's vLLM alone line gives the
+    rows its prepared weights hold (the kernel's N), not the 96."""
+    from vllm_kimi_k3_moe.tools.selftest.run import kept_rows
+
+    case = PreparationCase("nvfp4", "marlin", Topology(8, dp_size=4))
+    experts = prepare_vllm_alone_rank(kimi_model, case)
+    kept = experts.w2_weight.shape[1] * MARLIN_TILE  # the kernel's N
+    assert experts.intermediate_size_per_partition == 96
+    assert kept_rows(experts) == kept == 128
