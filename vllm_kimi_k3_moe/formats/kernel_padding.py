@@ -9,7 +9,7 @@ preparation tests (``tests/models/kimi_k3/preparation``) run that code on
 the CPU at every partition the plugin chooses and hold the rows it keeps to
 the plugin's allocation.
 
-Plain Python: nothing here imports torch or vLLM.
+Plain Python when imported: vLLM's own helpers are imported inside the calls.
 """
 
 from __future__ import annotations
@@ -62,14 +62,12 @@ def backend_name(method: Any) -> str:
     return "unknown backend"
 
 
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def kernel_keeps(method: Any, n: int, group: int) -> int:
     """The rows ``method``'s kernel keeps of a partition of ``n`` once its
     weight preparation ran; ``group``: the rows that share a scale (or a
     packed element) along them."""
+    from vllm.utils.math_utils import round_up
+
     backend = backend_name(method)
     if backend in MARLIN:
         from vllm.model_executor.layers.quantization.utils.marlin_utils import (

@@ -35,14 +35,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from vllm.utils.math_utils import round_up
+
 from vllm_kimi_k3_moe.patching import replaced_attributes
 
 SF_ROW_TILE = 128  # rows of one 128 x 4 scale tile
 SF_COL_TILE = 4  # scale columns of one tile
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def offsets(rows: int, cols: int) -> Any:
@@ -53,7 +51,7 @@ def offsets(rows: int, cols: int) -> Any:
 
     m = torch.arange(rows).unsqueeze(1)
     k = torch.arange(cols).unsqueeze(0)
-    k_tiles = _round_up(cols, SF_COL_TILE) // SF_COL_TILE
+    k_tiles = round_up(cols, SF_COL_TILE) // SF_COL_TILE
     return (
         (m // 128) * (k_tiles * 512)
         + (k // 4) * 512
@@ -64,7 +62,7 @@ def offsets(rows: int, cols: int) -> Any:
 
 
 def padded_size(rows: int, cols: int) -> int:
-    return _round_up(rows, SF_ROW_TILE) * _round_up(cols, SF_COL_TILE)
+    return round_up(rows, SF_ROW_TILE) * round_up(cols, SF_COL_TILE)
 
 
 def _block_scale_interleave(unswizzled_sf: Any, *, out: Any = None) -> Any:
