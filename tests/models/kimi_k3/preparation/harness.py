@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -321,6 +322,31 @@ def representatives(
                     config, backend, topology, rank, rows, choice.allocated, method
                 )
     return list(found.values())
+
+
+def layouts_on(format_experts: Any, config: str, backend: str) -> list[PreparationCase]:
+    """``representatives``: at least one, or the plugin builds nothing there."""
+    cases = representatives(format_experts, config, backend)
+    assert cases, f"{config}: the plugin builds no layout on {backend}"
+    return cases
+
+
+def assert_prepared_right(
+    kimi_model: ModuleType,
+    cases: list[PreparationCase],
+    problems_of: Callable[[PreparedRank], list[str]],
+    kernel: type | None = None,
+) -> None:
+    """Each case built, loaded and prepared by its kernel (``kernel``: the
+    experts class vLLM must have selected), held to ``problems_of``; every
+    problem of every case reported at once."""
+    found = []
+    for case in cases:
+        prepared = prepare_rank(kimi_model, case)
+        if kernel is not None:
+            assert prepared.experts.quant_method.experts_cls is kernel, case.label()
+        found += problems_of(prepared)
+    assert not found, "\n".join(found)
 
 
 def with_rank(case: PreparationCase, rank: int) -> PreparationCase:

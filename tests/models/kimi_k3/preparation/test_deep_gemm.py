@@ -21,8 +21,8 @@ from tests.models.kimi_k3.preparation.deep_gemm_kernel import (
 from tests.models.kimi_k3.preparation.expert_rows import not_held
 from tests.models.kimi_k3.preparation.harness import (
     PreparedRank,
-    prepare_rank,
-    representatives,
+    assert_prepared_right,
+    layouts_on,
 )
 from tests.models.kimi_k3.preparation.kernel_inputs import (
     kernel_input_problems,
@@ -73,11 +73,5 @@ def test_deep_gemm_mxfp4_preparation_is_what_the_kernel_reads(
         DeepGemmFP4Experts,
     )
 
-    cases = representatives(format_experts, CONFIG, "deep_gemm")
-    assert cases, "the plugin builds no layout on DeepGEMM's MXFP4 kernel"
-    found = []
-    for case in cases:
-        prepared = prepare_rank(kimi_model, case)
-        assert prepared.experts.quant_method.experts_cls is DeepGemmFP4Experts
-        found += problems_of(prepared)
-    assert not found, "\n".join(found)
+    cases = layouts_on(format_experts, CONFIG, "deep_gemm")
+    assert_prepared_right(kimi_model, cases, problems_of, DeepGemmFP4Experts)

@@ -32,8 +32,8 @@ from tests.models.kimi_k3.preparation.fp4_kernels import (
 )
 from tests.models.kimi_k3.preparation.harness import (
     PreparedRank,
-    prepare_rank,
-    representatives,
+    assert_prepared_right,
+    layouts_on,
 )
 from tests.models.kimi_k3.preparation.kernel_reads import (
     E4M3_NAN_BYTES,
@@ -207,9 +207,8 @@ def problems_of(prepared: PreparedRank, backend: str) -> list[str]:
 def test_flashinfer_preparation_is_what_the_kernel_reads(
     kimi_model, format_experts, config, backend, one_cpu_thread
 ):
-    cases = representatives(format_experts, config, backend)
-    assert cases, f"{config}: the plugin builds no layout on {backend}"
-    found = []
-    for case in cases:
-        found += problems_of(prepare_rank(kimi_model, case), backend)
-    assert not found, "\n".join(found)
+    assert_prepared_right(
+        kimi_model,
+        layouts_on(format_experts, config, backend),
+        lambda prepared: problems_of(prepared, backend),
+    )

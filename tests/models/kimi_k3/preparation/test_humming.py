@@ -28,6 +28,8 @@ import torch
 from tests.models.kimi_k3.preparation.harness import (
     PreparationCase,
     PreparedRank,
+    assert_prepared_right,
+    layouts_on,
     prepare_rank,
     representatives,
 )
@@ -237,20 +239,13 @@ def problems_of(prepared: PreparedRank) -> list[str]:
     return [f"{prepared.case.label()}: {problem}" for problem in found]
 
 
-def check(kimi_model, cases: list[PreparationCase]) -> None:
-    found = []
-    for case in cases:
-        found += problems_of(prepare_rank(kimi_model, case))
-    assert not found, "\n".join(found)
-
-
 @pytest.mark.parametrize("config", CONFIGS)
 def test_humming_preparation_is_what_the_kernel_reads(
     kimi_model, format_experts, config, one_cpu_thread
 ):
-    cases = representatives(format_experts, config, "humming")
-    assert cases, f"{config}: the plugin builds no layout on Humming"
-    check(kimi_model, [case for case in cases if case.method != FALLBACK])
+    cases = layouts_on(format_experts, config, "humming")
+    kept = [case for case in cases if case.method != FALLBACK]
+    assert_prepared_right(kimi_model, kept, problems_of)
 
 
 FALLBACK_PADDED = pytest.mark.xfail(
@@ -285,7 +280,7 @@ def test_autoawq_autogptq_fallback_on_humming(
     cases = representatives(format_experts, config, "humming")
     fallback = [case for case in cases if case.method == FALLBACK]
     assert fallback, f"{config}: no layout falls back to {FALLBACK}"
-    check(kimi_model, fallback)
+    assert_prepared_right(kimi_model, fallback, problems_of)
 
 
 @pytest.mark.xfail(

@@ -22,8 +22,8 @@ import torch
 from tests.models.kimi_k3.preparation.expert_rows import not_held
 from tests.models.kimi_k3.preparation.harness import (
     PreparedRank,
-    prepare_rank,
-    representatives,
+    assert_prepared_right,
+    layouts_on,
 )
 from tests.models.kimi_k3.preparation.kernel_inputs import (
     kernel_input_problems,
@@ -91,14 +91,8 @@ def test_triton_preparation_is_what_the_kernel_reads(
         TritonExperts,
     )
 
-    cases = representatives(format_experts, config, "triton")
-    assert cases, f"{config}: the plugin builds no layout on Triton"
-    found = []
-    for case in cases:
-        prepared = prepare_rank(kimi_model, case)
-        assert prepared.experts.quant_method.experts_cls is TritonExperts
-        found += problems_of(prepared)
-    assert not found, "\n".join(found)
+    cases = layouts_on(format_experts, config, "triton")
+    assert_prepared_right(kimi_model, cases, problems_of, TritonExperts)
 
 
 def test_fp8_per_tensor_does_not_reach_triton(format_experts):
