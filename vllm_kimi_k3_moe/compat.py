@@ -1,30 +1,67 @@
-"""Which vLLM releases and platforms the patches were written for.
+"""Which vLLM releases the plugin was verified against, and every place where
+those releases differ.
 
-Each function returns ``None`` when patching is safe, otherwise the sentence the
-plugin logs instead of patching.
+The patches and the tools read as if one vLLM existed. Where vLLM 0.33 and
+0.34 differ in something they use, they call a function here, named for what
+changed and saying in which release; nothing else in the package asks which
+vLLM is installed. Each function imports vLLM inside itself: ``register()``
+imports this module in every vLLM process and must stay cheap.
+
+The refusals return ``None`` when patching is safe, otherwise the sentence
+the plugin logs instead of patching.
 """
 
 from __future__ import annotations
 
-# The one place the supported vLLM is named. The patches rewrite private
-# construction details of the release they were written and tested against;
-# the plugin accepts its series (major.minor), which pyproject.toml's vllm
-# requirement admits exactly (a test ties the two). Every message naming
-# vLLM derives from these.
-TESTED_VLLM_RELEASE = "0.33.0"
-SUPPORTED_VLLM_SERIES = tuple(int(n) for n in TESTED_VLLM_RELEASE.split(".")[:2])
-VLLM = f"vLLM {TESTED_VLLM_RELEASE}"  # as messages name it
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+# The one place the supported vLLM releases are named. The patches rewrite
+# private construction details of the releases they were written and verified
+# against; the plugin accepts their series (major.minor), which
+# pyproject.toml's vllm requirement admits exactly (a test ties the two).
+VERIFIED_VLLM_RELEASES = ("0.33.0", "0.34.0")
+SUPPORTED_VLLM_SERIES = tuple(
+    tuple(int(n) for n in release.split(".")[:2]) for release in VERIFIED_VLLM_RELEASES
+)
+
+
+def installed_vllm_release() -> str | None:
+    """The installed vLLM's version, from its package metadata (vLLM is not
+    imported); ``None`` where no vLLM is installed."""
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _series_of(version: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in version.split(".")[:2] if n.isdigit())
+
+
+def _release_named() -> str:
+    """The release messages name: the installed one where it is supported,
+    else the newest verified."""
+    installed = installed_vllm_release()
+    if installed is not None and _series_of(installed) in SUPPORTED_VLLM_SERIES:
+        return installed
+    return VERIFIED_VLLM_RELEASES[-1]
+
+
+# As messages name the vLLM they describe: the installed release's answers.
+VLLM = f"vLLM {_release_named()}"
 
 
 def supported_vllm_series() -> str:
-    """``SUPPORTED_VLLM_SERIES`` as users write it: ``0.33.x``."""
-    return ".".join(map(str, SUPPORTED_VLLM_SERIES)) + ".x"
+    """``SUPPORTED_VLLM_SERIES`` as users write it: ``0.33.x or 0.34.x``."""
+    return " or ".join(".".join(map(str, s)) + ".x" for s in SUPPORTED_VLLM_SERIES)
 
 
 def vllm_version_refusal() -> str | None:
     from vllm.version import __version__, __version_tuple__
 
-    if tuple(__version_tuple__[:2]) == SUPPORTED_VLLM_SERIES:
+    if tuple(__version_tuple__[:2]) in SUPPORTED_VLLM_SERIES:
         return None
     return (
         f"vllm-kimi-k3-moe supports vLLM {supported_vllm_series()} only, "
@@ -49,3 +86,67 @@ def kimi_k3_platform_refusal() -> str | None:
         f"vllm-kimi-k3-moe patches the NVIDIA Kimi-K3 model only; this platform "
         f"runs {implementation}, which is left as upstream (nothing patched)."
     )
+
+
+# --- Where vLLM 0.33 and 0.34 differ -----------------------------------------
+
+
+def marlin_int8_activations_exist() -> bool:
+    """vLLM 0.34 removed Marlin's INT8/FP8-activation path
+    (``VLLM_MARLIN_INPUT_DTYPE``; ``is_a_8bit`` in Marlin's permutations,
+    ``input_dtype`` in the integer MoE preparation); 0.33 has it."""
+    import inspect
+
+    from vllm.model_executor.layers.quantization.utils import marlin_utils
+
+    permute = inspect.signature(marlin_utils.marlin_permute_scales)
+    return "is_a_8bit" in permute.parameters
+
+
+def marlin_8bit_activation_kwargs(is_a_8bit: bool) -> dict[str, Any]:
+    """The keyword Marlin's permutations take for 8-bit activations: on vLLM
+    0.33 ``is_a_8bit``; 0.34 has no such path (asking for it is an error)."""
+    if marlin_int8_activations_exist():
+        return {"is_a_8bit": is_a_8bit}
+    if is_a_8bit:
+        raise ValueError("this vLLM has no Marlin path for 8-bit activations")
+    return {}
+
+
+def marlin_weight_perm(num_bits: int, is_a_8bit: bool = False) -> Any:
+    """vLLM's Marlin weight permutation (``marlin_utils_test.get_weight_perm``,
+    which took ``is_a_8bit`` positionally up to 0.33)."""
+    from vllm.model_executor.layers.quantization.utils import marlin_utils_test
+
+    if marlin_int8_activations_exist():
+        return marlin_utils_test.get_weight_perm(num_bits, is_a_8bit)
+    marlin_8bit_activation_kwargs(is_a_8bit)
+    return marlin_utils_test.get_weight_perm(num_bits)
+
+
+def dequantized_nvfp4_moe_weights(dequantize: Callable[..., Any], **kwargs: Any) -> Any:
+    """vLLM's ``dequantize_nvfp4_moe_weights`` as one ``(w13, w2)`` pair of
+    tensors over every expert: 0.33 returns the pair, 0.34 yields
+    ``(experts, w13, w2)`` chunks (a slice of the experts each), concatenated
+    here in order."""
+    import torch
+
+    result = dequantize(**kwargs)
+    if isinstance(result, tuple):
+        return result
+    w13, w2 = [], []
+    for _experts, w13_chunk, w2_chunk in result:
+        w13.append(w13_chunk)
+        w2.append(w2_chunk)
+    return torch.cat(w13), torch.cat(w2)
+
+
+def resolved_gpu_memory_utilization(cache_config: Any) -> float:
+    """The share of each GPU vLLM takes for a ``CacheConfig``: 0.33's field
+    (default 0.92); 0.34 leaves the field ``None`` by default and resolves it
+    (``resolved_gpu_memory_utilization``: 1.0 with the extensible KV cache,
+    on by default on CUDA, else 0.92)."""
+    resolved = getattr(type(cache_config), "resolved_gpu_memory_utilization", None)
+    if resolved is None:
+        return cache_config.gpu_memory_utilization
+    return cache_config.resolved_gpu_memory_utilization

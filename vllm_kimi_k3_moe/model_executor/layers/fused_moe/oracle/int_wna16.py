@@ -59,18 +59,11 @@ def scales_for_the_gemm(own: Callable) -> Callable:
     by the scale rows: the K the scales' groups span."""
 
     @functools.wraps(own)
-    def permute(
-        s: Any, size_k: int, size_n: int, group_size: int, is_a_8bit: bool = False
-    ) -> Any:
+    def permute(s: Any, size_k: int, size_n: int, group_size: int, **rest: Any) -> Any:
+        # rest: what else the release passes (0.33's is_a_8bit), unchanged
         if group_size > 0:
             size_k = s.shape[1] * group_size
-        return own(
-            s=s,
-            size_k=size_k,
-            size_n=size_n,
-            group_size=group_size,
-            is_a_8bit=is_a_8bit,
-        )
+        return own(s=s, size_k=size_k, size_n=size_n, group_size=group_size, **rest)
 
     return permute
 
