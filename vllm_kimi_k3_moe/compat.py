@@ -13,7 +13,6 @@ the plugin logs instead of patching.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -124,21 +123,28 @@ def marlin_weight_perm(num_bits: int, is_a_8bit: bool = False) -> Any:
     return marlin_utils_test.get_weight_perm(num_bits)
 
 
-def dequantized_nvfp4_moe_weights(dequantize: Callable[..., Any], **kwargs: Any) -> Any:
-    """vLLM's ``dequantize_nvfp4_moe_weights`` as one ``(w13, w2)`` pair of
-    tensors over every expert: 0.33 returns the pair, 0.34 yields
-    ``(experts, w13, w2)`` chunks (a slice of the experts each), concatenated
-    here in order."""
+def dequantized_nvfp4_moe_weights(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """vLLM's ``dequantize_nvfp4_moe_weights`` as one ``(w13, w2)`` pair over
+    every expert: 0.33 returns the pair; 0.34 yields ``(experts, w13, w2)``
+    chunks, ``experts`` the slice of experts each holds, put together here."""
     import torch
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import (
+        dequantize_nvfp4_moe_weights,
+    )
 
-    result = dequantize(**kwargs)
+    result = dequantize_nvfp4_moe_weights(*args, **kwargs)
     if isinstance(result, tuple):
         return result
-    w13, w2 = [], []
-    for _experts, w13_chunk, w2_chunk in result:
-        w13.append(w13_chunk)
-        w2.append(w2_chunk)
-    return torch.cat(w13), torch.cat(w2)
+    chunks = list(result)
+    experts = args[0].shape[0] if args else kwargs["w13_weight_packed"].shape[0]
+    w13 = torch.empty((experts, *chunks[0][1].shape[1:]), dtype=chunks[0][1].dtype)
+    w2 = torch.empty((experts, *chunks[0][2].shape[1:]), dtype=chunks[0][2].dtype)
+    covered = torch.zeros(experts, dtype=torch.bool)
+    for where, w13_chunk, w2_chunk in chunks:
+        w13[where], w2[where] = w13_chunk, w2_chunk
+        covered[where] = True
+    assert bool(covered.all()), "vLLM's chunks left experts out"
+    return w13, w2
 
 
 def resolved_gpu_memory_utilization(cache_config: Any) -> float:

@@ -108,6 +108,14 @@ suite's build tests fail when a name moves.
     ``vllm.config.replace``). Why: the CPU platform turns off, or refuses,
     the hybrid KV-cache manager that groups Kimi-K3's MLA and KDA layers on
     CUDA. Re-check: ``VllmConfig``'s hybrid KV-cache rules.
+``stand_ins.cuda_graph_capture_sizes``
+    Replaces the current platform class's ``support_static_graph_mode``
+    (True, as ``CudaPlatform``'s) while ``vllm_config`` makes a
+    ``VllmConfig``. Why: on a CPU platform vLLM captures no CUDA graph and
+    leaves ``max_cudagraph_capture_size`` None, which MoE kernels read
+    (vLLM 0.34's FlashInfer CuteDSL experts compare it with 0); on CUDA
+    vLLM sizes the capture range itself. Re-check: where ``VllmConfig``
+    calls ``_set_cudagraph_sizes``.
 ``stand_ins.weightless_model_loader``
     Replaces ``vllm.model_executor.model_loader.get_model`` (and the name
     ``v1/worker/gpu/spec_decode/eagle/utils.py`` imported) while

@@ -266,6 +266,28 @@ def cuda_hybrid_kv_cache() -> Iterator[None]:
         yield
 
 
+def _static_graph_mode(cls: type) -> bool:
+    return True
+
+
+@contextmanager
+def cuda_graph_capture_sizes() -> Iterator[None]:
+    """The platform captures CUDA graphs, as ``CudaPlatform``'s
+    ``support_static_graph_mode`` says: ``VllmConfig`` then sizes the capture
+    range with its own rules (``_set_cudagraph_sizes``). A CPU box's platform
+    captures none and leaves ``max_cudagraph_capture_size`` None, which every
+    MoE layer hands its kernel (``FusedMoEConfig.max_capture_size``), and a
+    kernel that compares it with 0 fails (vLLM 0.34's
+    ``FlashInferCuteDSLExperts``). Holds no parameters."""
+    from vllm.platforms import current_platform
+
+    with replaced_attributes(
+        type(current_platform),
+        support_static_graph_mode=classmethod(_static_graph_mode),
+    ):
+        yield
+
+
 @contextmanager
 def weightless_model_loader() -> Iterator[None]:
     """``vllm.model_executor.model_loader.get_model`` (and the name

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from vllm_kimi_k3_moe.compat import dequantized_nvfp4_moe_weights
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import expert_key
 
 if TYPE_CHECKING:
@@ -61,12 +62,9 @@ def _nvfp4(*tensors: Tensor, ct: bool) -> Weights:
     """``tensors``: w13's packed weight, block scales and global scales, then
     w2's."""
     import torch
-    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import (
-        dequantize_nvfp4_moe_weights,
-    )
 
     # compressed-tensors stores the global encode scale, ModelOpt its inverse
-    return dequantize_nvfp4_moe_weights(
+    return dequantized_nvfp4_moe_weights(
         *tensors, torch.float32, invert_global_scales=ct
     )
 

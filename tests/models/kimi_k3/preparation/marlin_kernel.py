@@ -46,6 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_kimi_k3_moe.compat import marlin_8bit_activation_kwargs
+
 THREAD_K_MIN = 64  # the smallest thread_k of any thread configuration
 THREAD_N_MIN = 128  # the smallest thread_n of any thread configuration
 GROUP_BLOCK = 16  # group_blocks = group_size / 16
@@ -193,7 +195,7 @@ class MarlinGemm:
         return torch.stack(
             [
                 marlin_permute_scales(
-                    expert.contiguous(), self.size_k, self.size_n, group, False
+                    expert.contiguous(), self.size_k, self.size_n, group
                 )
                 for expert in scales
             ]
@@ -214,7 +216,7 @@ class MarlinGemm:
                     self.size_k,
                     self.size_n,
                     group,
-                    self.is_a_8bit,
+                    **marlin_8bit_activation_kwargs(self.is_a_8bit),
                 )
                 for expert in self.loaded_scales
             ]

@@ -113,13 +113,18 @@ def _tile_positions(size_k: int, size_n: int, num_bits: int, a8: bool) -> Any:
     permutation applied to the elements' flat indices."""
     import torch
     from vllm.model_executor.layers.quantization.utils.marlin_utils_test import (
-        get_weight_perm,
         marlin_permute_weights,
     )
 
+    from vllm_kimi_k3_moe.compat import (
+        marlin_8bit_activation_kwargs,
+        marlin_weight_perm,
+    )
+
     index = torch.arange(size_k * size_n).reshape(size_k, size_n)
-    perm = get_weight_perm(num_bits, a8)
-    moved = marlin_permute_weights(index, size_k, size_n, perm, is_a_8bit=a8)
+    perm = marlin_weight_perm(num_bits, a8)
+    a8_kwargs = marlin_8bit_activation_kwargs(a8)
+    moved = marlin_permute_weights(index, size_k, size_n, perm, **a8_kwargs)
     return moved.reshape(-1)
 
 
