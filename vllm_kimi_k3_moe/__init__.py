@@ -39,6 +39,9 @@ ledger entry; each applies and reverts on its own):
     (the K the kernel divides by the scale rows). Delete with the model
     patch.
 
+Every patch was verified against vLLM 0.33.0 and 0.34.0 (``compat``: the one
+place the two releases differ for the plugin and its tools).
+
 The offline tools (``vllm_kimi_k3_moe.tools``) are never imported by a
 serving process; their temporary stand-ins for vLLM internals have their own
 ledger in ``vllm_kimi_k3_moe.tools.build``.

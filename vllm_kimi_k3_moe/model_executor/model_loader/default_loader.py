@@ -26,7 +26,10 @@ Related PR
 Delete when
     With the strict expert loader, or when vLLM's weight loaders receive the
     checkpoint key (re-check at every vLLM bump; the plugin refuses anything
-    but vLLM 0.33.x).
+    but vLLM 0.33.x and 0.34.x).
+Verified against
+    vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
+    whole test suite on each.
 """
 
 from __future__ import annotations

@@ -53,12 +53,16 @@ How
 Related PR
     The same vLLM PR as the model patch: "Kimi-K3 NVIDIA: delegate regular
     FusedMoE padding to the selected quantization backend" (its backends must
-    own their padding; in 0.33.0 not all do), and #50928 (padding from the
+    own their padding; in 0.33.0 and 0.34.0 not all do), and #50928 (padding from the
     real shard count, TP x DP x PCP: "TP8 x DP4, no EP: real shards 32").
 Delete when
     Together with the model patch, once every method Kimi-K3 is published for
     pads for its own kernel, for the layer's real shard count, in the vLLM
-    release that ships that PR (the plugin refuses anything but vLLM 0.33.x).
+    release that ships that PR (the plugin refuses anything but vLLM 0.33.x
+    and 0.34.x).
+Verified against
+    vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
+    whole test suite on each.
 """
 
 from __future__ import annotations

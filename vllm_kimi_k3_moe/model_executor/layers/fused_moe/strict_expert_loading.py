@@ -17,7 +17,7 @@ Replaces
     ``quant_method.process_weights_after_loading``. Both are instance
     attributes; no other vLLM class or model is touched.
 Why
-    vLLM 0.33.0's generic expert loader narrows or partially copies
+    vLLM 0.33.0's and 0.34.0's generic expert loader narrows or partially copies
     wrong-sized checkpoint tensors without a word (an intermediate of 2048,
     3000 or 4096 instead of 3072 loads "fine"), and nothing notices an expert
     tensor that was never loaded: the layer then serves zeros or garbage for
@@ -49,7 +49,10 @@ Related PR
 Delete when
     vLLM's ``RoutedExperts.weight_loader`` validates expert shapes and
     completeness itself; re-check at every vLLM bump (the plugin refuses
-    anything but vLLM 0.33.x).
+    anything but vLLM 0.33.x and 0.34.x).
+Verified against
+    vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
+    whole test suite on each.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Replaces
     ``FusedMoEFactory`` global is later rebound to (a profiler, another
     plugin, a test double).
 Why
-    vLLM 0.33.0 pads ``moe_intermediate_size`` at model level to
+    vLLM 0.33.0 and 0.34.0 pad ``moe_intermediate_size`` at model level to
     ``min_moe_intermediate_per_partition`` (256) per TP rank and hands that to
     the regular FusedMoE path. At TP32 the logical slice is 3072 / 32 = 96 and
     the MXFP4 Marlin kernel needs 128, but the layer allocates 256: routed
@@ -37,7 +37,11 @@ Related PR
 Delete when
     vLLM ships that PR: the first release whose NVIDIA ``KimiMoE`` passes
     ``moe_intermediate_size`` to ``FusedMoEFactory``. Until then the plugin
-    refuses any vLLM other than 0.33.x (see ``vllm_kimi_k3_moe.compat``).
+    refuses any vLLM other than 0.33.x and 0.34.x (see
+    ``vllm_kimi_k3_moe.compat``).
+Verified against
+    vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
+    whole test suite on each.
 """
 
 from __future__ import annotations

@@ -29,12 +29,16 @@ How
     Per-channel scales (group -1) are permuted as before.
 Related PR
     The same upstream change as the model patch: its in-tree form
-    (``upstream/vllm-0.33.0.patch``) makes the same change in
-    ``oracle/int_wna16.py``, where it also fixes vLLM alone's TP16 x DP2.
+    (``upstream/vllm-0.33.0.patch``, ``vllm-0.34.0.patch``) makes the same
+    change in ``oracle/int_wna16.py``, where it also fixes vLLM alone's
+    TP16 x DP2 (0.34.0 still permutes w13's scales for its rows).
 Delete when
     With the model patch, in the vLLM release whose Marlin preparation
     permutes w13's scales for the expert width (the plugin refuses anything
-    but vLLM 0.33.x).
+    but vLLM 0.33.x and 0.34.x).
+Verified against
+    vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
+    whole test suite on each.
 """
 
 from __future__ import annotations
