@@ -13,6 +13,7 @@ the plugin logs instead of patching.
 
 from __future__ import annotations
 
+import inspect
 from importlib import metadata
 from typing import Any
 
@@ -94,8 +95,6 @@ def marlin_int8_activations_exist() -> bool:
     """vLLM 0.34 removed Marlin's INT8/FP8-activation path
     (``VLLM_MARLIN_INPUT_DTYPE``; ``is_a_8bit`` in Marlin's permutations,
     ``input_dtype`` in the integer MoE preparation); 0.33 has it."""
-    import inspect
-
     from vllm.model_executor.layers.quantization.utils import marlin_utils
 
     permute = inspect.signature(marlin_utils.marlin_permute_scales)

@@ -26,6 +26,7 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
     write_header_only_checkpoint,
 )
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
+from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.tools.cli import main
 from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
@@ -595,7 +596,7 @@ def test_moe_backend_adds_vllms_own_allocation(kimi_model, write, capsys) -> Non
     status, out = check(capsys, directory, "--moe-backend", "marlin")
     assert status == 0
     assert (
-        "on marlin, by vLLM 0.33.0's own layer: 128 intermediate rows per expert "
+        f"on marlin, by {VLLM}'s own layer: 128 intermediate rows per expert "
         "with this plugin (upstream 256)"
     ) in out
     status, out = check(capsys, directory, "--moe-backend", "marlin", "--json")
