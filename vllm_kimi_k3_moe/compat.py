@@ -49,8 +49,12 @@ def _release_named() -> str:
     return VERIFIED_VLLM_RELEASES[-1]
 
 
-# As messages name the vLLM they describe: the installed release's answers.
-VLLM = f"vLLM {_release_named()}"
+def __getattr__(name: str) -> str:
+    """``VLLM``: the vLLM messages name, "vLLM <installed release>". Read on
+    first use, so that registering the plugin reads no package metadata."""
+    if name == "VLLM":
+        return f"vLLM {_release_named()}"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def supported_vllm_series() -> str:
