@@ -10,10 +10,11 @@ imports the patched vLLM; its distribution metadata stays the installed
 one's.
 
 Before anything is written, ``git apply --check`` runs against the copy: a
-patch that does not apply (another vLLM than the one it was made for) stops
-there with ``PatchDoesNotApply``, whose message names the first file that
-differs in one line. Every file the patch writes is checked to be a real file
-inside ``root``, never a link into the installed package.
+patch that does not apply (another vLLM than the release it was made for,
+``upstream.patches``) stops there with ``PatchDoesNotApply``, whose message
+names the first file that differs in one line. Every file the patch writes
+is checked to be a real file inside ``root``, never a link into the installed
+package.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from upstream.patches import release_of
 
 PACKAGE = "vllm"
 
@@ -141,9 +144,11 @@ def _one_line(stderr: str, patch: Path, source: Path, version: str) -> str:
     )
     first = files[0] if files else "a file"
     more = f" (and {len(files) - 1} more)" if len(files) > 1 else ""
+    made_for = release_of(patch)
+    made = f"vLLM {made_for}'s" if made_for else "the vLLM it was made for"
     return (
         f"{patch.name} does not apply to vLLM {version} at {source}: {first}{more} "
-        f"differs from vLLM 0.33.0's; nothing was changed"
+        f"differs from {made}; nothing was changed"
     )
 
 

@@ -1,13 +1,16 @@
-"""Verify ``upstream/vllm-0.33.0.patch``, the in-tree form of the fix, against
-the installed vLLM 0.33.0 without writing into it.
+"""Verify the in-tree form of the fix made for the installed vLLM release
+(``upstream/vllm-{release}.patch``: 0.33.0 and 0.34.0, ``upstream.patches``)
+against that vLLM, without writing into it.
 
     python -m upstream.verify_patch [--json] [--keep] [--jobs N]
 
 1. Lays out a patched copy of the installed vLLM in a temporary directory
    (``upstream.patched_vllm``: links to the installed files, real copies of
-   the ones the patch changes). ``git apply --check`` runs first: on another
-   vLLM than 0.33.0 the command stops there, names the file that differs in
-   one line on stderr, and exits 2.
+   the ones the patch changes). On a vLLM release no patch is made for the
+   command stops first, says so in one line on stderr, and exits 2.
+   ``git apply --check`` runs next: on another vLLM than the patch's release
+   the command stops there, names the file that differs in one line on
+   stderr, and exits 2.
 2. Lints what the patch writes as vLLM lints it (ruff, line length 88).
 3. With every vLLM plugin disabled (``VLLM_PLUGINS=""``) and the copy first on
    ``PYTHONPATH``, runs the patch's own tests (``tests/models/kimi_k3/`` in
@@ -48,13 +51,13 @@ from upstream.patched_vllm import (
     PatchedCopy,
     installed_vllm_parent,
     patched_copy,
+    vllm_version,
 )
+from upstream.patches import NoPatchForRelease, patch_for, release_of
 
 REPO = Path(__file__).resolve().parent.parent
-PATCH = REPO / "upstream" / "vllm-0.33.0.patch"
 BEHAVIOUR_TESTS = "tests/upstream_patch/in_tree_behaviour.py"
 MATRIX_OUT = "KIMI_K3_MATRIX_OUT"  # where the behaviour tests write their dump
-MADE_FOR = "0.33.0"  # the vLLM the patch was made against
 PLUGIN = "kimi_k3_moe"  # the plugin's vllm.general_plugins entry point
 STEP_TIMEOUT = 900  # seconds
 # vLLM caches what it learns of a model class under VLLM_CACHE_ROOT, keyed by
@@ -124,13 +127,20 @@ def result_lines(output: str) -> list[str]:
 
 
 def environment(
-    pythonpath: list[Path], plugins: str, cache_root: Path | None = None
+    pythonpath: list[Path],
+    plugins: str,
+    cache_root: Path | None = None,
+    *,
+    inherit_path: bool = True,
 ) -> dict[str, str]:
+    """This process's environment for a step: ``pythonpath`` first (then
+    this process's ``PYTHONPATH``, where ``inherit_path``)."""
     env = dict(os.environ)
     if cache_root is not None:
         env["VLLM_CACHE_ROOT"] = str(cache_root)
+    inherited = env.get("PYTHONPATH") if inherit_path else None
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(p) for p in pythonpath] + [p for p in [env.get("PYTHONPATH")] if p]
+        [str(p) for p in pythonpath] + [p for p in [inherited] if p]
     )
     env["VLLM_PLUGINS"] = plugins
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written next to linked files
@@ -173,8 +183,9 @@ def lint_steps(copy: PatchedCopy, work: Path) -> list[Step]:
 
 def test_steps(copy: PatchedCopy, work: Path) -> list[Step]:
     patched = environment([copy.root, REPO], "", PATCHED_CACHE_ROOT)
-    # vLLM's own tests see the copy only (this repository has a tests package)
-    patched_alone = environment([copy.root], "", PATCHED_CACHE_ROOT)
+    # vLLM's own tests see the copy only: this repository has a tests package,
+    # which would shadow the copy's tests/ if it were on the inherited path
+    patched_alone = environment([copy.root], "", PATCHED_CACHE_ROOT, inherit_path=False)
     released = environment([REPO], PLUGIN)
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     patch_tests = sorted(
@@ -231,14 +242,15 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
 
 
 # Where the two forms differ by design, each with why. At TP8 x DP4 (every
-# expert split over 32 GPUs, no model-level padding) vLLM 0.33.0 alone gives
+# expert split over 32 GPUs, no model-level padding) vLLM alone (0.33.0 and
+# 0.34.0 alike) gives
 # AutoAWQ and AutoGPTQ groups of 128 96 rows, which Marlin's check refuses,
 # so it falls back to another method (MoeWNA16Method) on any non-Marlin
 # kernel; the plugin keeps vLLM alone's method and kernel there (never
 # another), while in tree whole groups make their own method take the
 # layer (as it does at TP16 and TP32 in both forms).
 INTENDED = {
-    f"{fmt} | {backend} | TP8 DP4": "vLLM 0.33.0 alone falls back to "
+    f"{fmt} | {backend} | TP8 DP4": "vLLM alone falls back to "
     f"MoeWNA16Method, which the plugin keeps; in tree whole groups keep {fmt}'s"
     for fmt, backend in (
         ("awq", "humming"),
@@ -285,7 +297,8 @@ def verify(
     patch: Path, source: Path | None, jobs: int, keep: bool, report: dict[str, Any]
 ) -> int:
     start = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="vllm-0.33.0-patched-"))
+    made_for = release_of(patch)  # None: a patch whose name says no release
+    work = Path(tempfile.mkdtemp(prefix=f"vllm-{made_for or 'other'}-patched-"))
     source = source or installed_vllm_parent()
     report.update(patch=str(patch), work=str(work))
     try:
@@ -296,8 +309,8 @@ def verify(
             report["error"] = str(error)
             return 2
         report.update(vllm=copy.version, source=str(copy.source), touched=copy.touched)
-        if copy.version != MADE_FOR:
-            print(f"note: vLLM {copy.version}; the patch applies, made for {MADE_FOR}")
+        if made_for and copy.version != made_for:
+            print(f"note: vLLM {copy.version}; the patch applies, made for {made_for}")
         before = file_hashes(copy.source, copy.touched)
         steps = lint_steps(copy, work) + test_steps(copy, work)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -339,12 +352,23 @@ def verify(
             shutil.rmtree(work, ignore_errors=True)
 
 
+def installed_release() -> str:
+    """The installed vLLM's release, as its ``_version.py`` states it (read,
+    not imported: this process never imports vLLM)."""
+    return vllm_version(installed_vllm_parent())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m upstream.verify_patch",
         description="Verify the in-tree patch on a patched copy of vLLM.",
     )
-    parser.add_argument("--patch", type=Path, default=PATCH)
+    parser.add_argument(
+        "--patch",
+        type=Path,
+        help="the patch to verify (default: the one made for the installed "
+        "vLLM release, upstream/vllm-RELEASE.patch)",
+    )
     parser.add_argument(
         "--vllm",
         type=Path,
@@ -356,7 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {}
-    status = verify(args.patch.resolve(), args.vllm, args.jobs, args.keep, report)
+    try:
+        patch = args.patch or patch_for(installed_release())
+    except NoPatchForRelease as error:
+        print(error, file=sys.stderr)
+        report["error"] = str(error)
+        status = 2
+    else:
+        status = verify(patch.resolve(), args.vllm, args.jobs, args.keep, report)
     if args.json:
         print(json.dumps(report, indent=1))
     elif status != 2:

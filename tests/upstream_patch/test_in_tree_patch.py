@@ -1,7 +1,8 @@
-"""The in-tree patch (upstream/vllm-0.33.0.patch) applies to the installed vLLM
-0.33.0 on a copy, passes its own tests and this project's behaviour tests with
-the plugin off, and matches the plugin on released vLLM case by case; against
-another vLLM it applies nothing and names the file that differs."""
+"""The in-tree patch made for the installed vLLM release (upstream/vllm-0.33.0.patch
+or upstream/vllm-0.34.0.patch) applies to it on a copy, passes its own tests and
+this project's behaviour tests with the plugin off, and matches the plugin on
+released vLLM case by case; against another vLLM it applies nothing and names
+the file that differs, and on a release with no patch the command says so."""
 
 from __future__ import annotations
 
@@ -9,19 +10,27 @@ import base64
 import csv
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from upstream import patched_vllm
-from upstream.verify_patch import INTENDED, PATCH, REPO, compare
+from upstream import patched_vllm, patches
+from upstream.verify_patch import INTENDED, REPO, compare, installed_release
+from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES
+
+RELEASE = installed_release()
+PATCH = patches.patch_for(RELEASE)
+# A release no patch is made for: the one after the newest verified.
+_major, _minor = VERIFIED_VLLM_RELEASES[-1].split(".")[:2]
+ANOTHER_RELEASE = f"{_major}.{int(_minor) + 1}.0"
 
 # mxfp4, ct-mxfp4, fp8-block, nvfp4, modelopt-nvfp4, w4a16, awq, gptq, bf16,
 # and INT4 in asymmetric groups of 128
 FORMATS = 10
-BACKENDS = 23  # every --moe-backend of vLLM 0.33.0 but auto
+BACKENDS = 23  # every --moe-backend of vLLM 0.33.0 and of 0.34.0 but auto
 TOPOLOGIES = 10  # TP1, 4, 8, 12, 16, 24, 32, TP16 x DP2, TP32 EP, TP8 x DP4
 KIMI_K3_MODEL = "vllm/models/kimi_k3/nvidia/model.py"
 
@@ -39,10 +48,18 @@ def wheel_hash(path: Path) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+def test_a_patch_for_each_verified_release():
+    """The releases the plugin is verified on are those a patch is made for."""
+    assert patches.patch_releases() == list(VERIFIED_VLLM_RELEASES)
+    assert RELEASE in VERIFIED_VLLM_RELEASES
+    assert patches.release_of(PATCH) == RELEASE
+    assert ANOTHER_RELEASE not in patches.patch_releases()
+
+
 def test_the_copy_links_the_installed_vllm_and_writes_only_its_own_files(tmp_path):
     copy = patched_vllm.patched_copy(PATCH, tmp_path / "tree")
     record = installed_record()
-    assert copy.version == "0.33.0"
+    assert copy.version == RELEASE
     assert KIMI_K3_MODEL in copy.touched
     for path in copy.touched:
         target = copy.root / path
@@ -85,14 +102,14 @@ def fake_vllm(tmp_path: Path, version: str, edit: str | None) -> Path:
 
 
 def test_on_another_vllm_nothing_is_applied(tmp_path):
-    other = fake_vllm(tmp_path, "0.34.0", edit=KIMI_K3_MODEL)
+    other = fake_vllm(tmp_path, ANOTHER_RELEASE, edit=KIMI_K3_MODEL)
     root = tmp_path / "tree"
     with pytest.raises(patched_vllm.PatchDoesNotApply) as refused:
         patched_vllm.patched_copy(PATCH, root, other)
     message = str(refused.value)
     assert "\n" not in message
-    assert f"{KIMI_K3_MODEL} differs from vLLM 0.33.0's" in message
-    assert "vLLM 0.34.0" in message
+    assert f"{KIMI_K3_MODEL} differs from vLLM {RELEASE}'s" in message
+    assert f"vLLM {ANOTHER_RELEASE} at" in message
     # git apply --check failed first: every copied file is still the source's
     for path in patched_vllm.patch_paths(PATCH, tmp_path):
         if path.startswith("vllm/"):
@@ -102,7 +119,7 @@ def test_on_another_vllm_nothing_is_applied(tmp_path):
 
 
 def test_the_command_says_which_file_differs_in_one_line(tmp_path):
-    other = fake_vllm(tmp_path, "0.34.0", edit=KIMI_K3_MODEL)
+    other = fake_vllm(tmp_path, ANOTHER_RELEASE, edit=KIMI_K3_MODEL)
     result = subprocess.run(
         [sys.executable, "-m", "upstream.verify_patch", "--vllm", str(other)],
         cwd=REPO,
@@ -113,8 +130,32 @@ def test_the_command_says_which_file_differs_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stdout == ""
     (line,) = result.stderr.splitlines()
-    assert line.startswith("vllm-0.33.0.patch does not apply to vLLM 0.34.0")
+    # the patch is the installed release's; the vLLM patched, another one
+    assert line.startswith(f"{PATCH.name} does not apply to vLLM {ANOTHER_RELEASE}")
     assert KIMI_K3_MODEL in line
+
+
+def test_the_command_stops_in_one_line_on_a_release_with_no_patch(tmp_path):
+    """A vLLM that is neither release (only its version file, first on the
+    path): no patch to verify, nothing is laid out or run."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    (tmp_path / "vllm" / "_version.py").write_text(
+        f"__version__ = version = '{ANOTHER_RELEASE}'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "upstream.verify_patch"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"no in-tree patch for vLLM {ANOTHER_RELEASE} ")
+    assert all(f"vllm-{r}.patch" in line for r in VERIFIED_VLLM_RELEASES)
 
 
 def test_compare_names_each_case_that_differs():
@@ -139,24 +180,31 @@ def test_compare_names_each_case_that_differs():
     ]
 
 
-def cached_kimi_k3_hash() -> tuple[str | None, str]:
-    """The package hash vLLM's model-info cache holds for Kimi-K3 (None: no
-    entry), and the installed package's, both as vLLM's registry has them."""
+def cached_kimi_k3_hash(cache_root: Path) -> tuple[str | None, str]:
+    """The package hash vLLM's model-info cache under ``cache_root`` (this
+    process's ``VLLM_CACHE_ROOT``) holds for Kimi-K3 (None: no entry), and the
+    installed package's, both as vLLM's registry has them."""
     import importlib.util
 
     from vllm.model_executor.models.registry import ModelRegistry
 
     registered = ModelRegistry.models["KimiK3ForConditionalGeneration"]
     installed = importlib.util.find_spec(registered.module_name).origin
+    assert registered._get_cache_dir().is_relative_to(cache_root)
     entry = registered._get_cache_dir() / registered._get_cache_filename()
     cached = json.loads(entry.read_text())["hash"] if entry.exists() else None
     return cached, registered._get_modelinfo_module_hash(Path(installed))
 
 
-def test_the_patch_is_verified_with_the_plugin_off():
+def test_the_patch_is_verified_with_the_plugin_off(tmp_path, monkeypatch):
     """The whole command: lint, the patch's tests and the behaviour tests on
     the patched copy with VLLM_PLUGINS="", and the matrix compared with the
-    plugin on released vLLM (about 1-2 minutes on 2 cores)."""
+    plugin on released vLLM (6 to 9 minutes on 2 cores loaded by other jobs)."""
+    # The user's vLLM cache as the command sees it, fresh: the model-info
+    # entry of Kimi-K3 is one file for every release, whose packages hash
+    # apart, so another release's run may have written the shared one.
+    cache_root = tmp_path / "vllm-cache"
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(cache_root))
     result = subprocess.run(
         [sys.executable, "-m", "upstream.verify_patch", "--json"],
         cwd=REPO,
@@ -167,7 +215,8 @@ def test_the_patch_is_verified_with_the_plugin_off():
     report = json.loads(result.stdout[result.stdout.index("\n{") :])
     failed = {name: step for name, step in report["steps"].items() if not step["ok"]}
     assert result.returncode == 0, (failed, report.get("matrix"), result.stdout)
-    assert report["vllm"] == "0.33.0"
+    assert report["vllm"] == RELEASE
+    assert Path(report["patch"]) == PATCH
     matrix = report["matrix"]
     assert matrix["cases"] == FORMATS * BACKENDS * TOPOLOGIES
     assert matrix["built"] > 400
@@ -176,7 +225,7 @@ def test_the_patch_is_verified_with_the_plugin_off():
     assert matrix["intended"] == sorted(INTENDED)
     assert min(matrix["rank_loads"].values()) > 1000
     assert not Path(report["work"]).exists()  # the copy is gone
-    # vLLM's cache still describes the installed Kimi-K3 package: the patched
+    # vLLM's cache describes the installed Kimi-K3 package only: the patched
     # copy's, which hashes apart, was cached elsewhere (PATCHED_CACHE_ROOT)
-    cached, installed = cached_kimi_k3_hash()
+    cached, installed = cached_kimi_k3_hash(cache_root)
     assert cached in (None, installed)
