@@ -108,6 +108,14 @@ suite's build tests fail when a name moves.
     ``vllm.config.replace``). Why: the CPU platform turns off, or refuses,
     the hybrid KV-cache manager that groups Kimi-K3's MLA and KDA layers on
     CUDA. Re-check: ``VllmConfig``'s hybrid KV-cache rules.
+``stand_ins.cuda_extensible_kv_cache``
+    Replaces the current platform's ``is_cuda_alike`` (True) and ``is_rocm``
+    (False) while ``VllmConfig`` settles the extensible KV cache (vLLM 0.34's
+    ``_resolve_extensible_kv_cache``, named by ``compat``; nothing on 0.33),
+    as ``vllm_config`` makes a config. Why: it is on by default on CUDA, and
+    with it vLLM takes all of each GPU and sizes the KV cache after warmup
+    (``kv_budget``); a CPU box's platform turns it off. Re-check: what that
+    method asks of the platform.
 ``stand_ins.weightless_model_loader``
     Replaces ``vllm.model_executor.model_loader.get_model`` (and the name
     ``v1/worker/gpu/spec_decode/eagle/utils.py`` imported) while

@@ -266,6 +266,45 @@ def cuda_hybrid_kv_cache() -> Iterator[None]:
         yield
 
 
+def _cuda_alike() -> bool:
+    return True
+
+
+def _not_rocm() -> bool:
+    return False
+
+
+@contextmanager
+def cuda_extensible_kv_cache() -> Iterator[None]:
+    """While ``VllmConfig`` settles whether the KV cache is extensible (the
+    method ``compat.extensible_kv_cache_resolver`` names; vLLM 0.33 has none,
+    and nothing is replaced), the current platform answers as CUDA does
+    (``is_cuda_alike``, not ROCm): vLLM then turns it on as on the serving
+    GPUs, and resolves ``gpu_memory_utilization`` and the KV-cache sizing
+    as there. A CPU box's platform does not support it, and vLLM would size
+    the KV cache as it does without it. The rest of the config is made with
+    the real platform's answers. Holds no parameters."""
+    from vllm_kimi_k3_moe.compat import extensible_kv_cache_resolver
+
+    name = extensible_kv_cache_resolver()
+    if name is None:
+        yield
+        return
+    from vllm.config import VllmConfig
+    from vllm.platforms import current_platform
+
+    own = getattr(VllmConfig, name)
+
+    def as_on_cuda(self: Any) -> None:
+        with replaced_attributes(
+            current_platform, is_cuda_alike=_cuda_alike, is_rocm=_not_rocm
+        ):
+            own(self)
+
+    with replaced_attributes(VllmConfig, **{name: as_on_cuda}):
+        yield
+
+
 @contextmanager
 def weightless_model_loader() -> Iterator[None]:
     """``vllm.model_executor.model_loader.get_model`` (and the name

@@ -23,6 +23,7 @@ from typing import Any
 
 from vllm_kimi_k3_moe.tools.build.draft import speculative_config
 from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    cuda_extensible_kv_cache,
     cuda_hybrid_kv_cache,
     the_serving_gpus_capability,
 )
@@ -154,7 +155,8 @@ def rank_vllm_config(
     ``cuda``), vLLM's checks see a serving GPU's compute capability
     (``stand_ins.the_serving_gpus_capability``); everywhere, a platform that
     keeps the hybrid KV-cache manager on, as CUDA's does
-    (``stand_ins.cuda_hybrid_kv_cache``)."""
+    (``stand_ins.cuda_hybrid_kv_cache``), and settles the extensible KV
+    cache as CUDA does (``stand_ins.cuda_extensible_kv_cache``)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -167,7 +169,11 @@ def rank_vllm_config(
     model_config = copy.deepcopy(_model_config(model_dir, serving, on_this_gpu))
     serving = serving or Serving(max_model_len=model_config.max_model_len)
     parallel = parallel_config(topology, gpus_per_node)
-    with _capability_of_the_serving_gpus(on_this_gpu), cuda_hybrid_kv_cache():
+    with (
+        _capability_of_the_serving_gpus(on_this_gpu),
+        cuda_hybrid_kv_cache(),
+        cuda_extensible_kv_cache(),
+    ):
         vllm_config = VllmConfig(
             model_config=model_config,
             device_config=DeviceConfig(device=device),
