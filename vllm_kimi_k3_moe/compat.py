@@ -176,3 +176,21 @@ def kv_cache_sizing_after_warmup(cache_config: Any) -> Any:
     from vllm.v1.worker import extensible_kv_cache
 
     return extensible_kv_cache
+
+
+def builds_dsa_layers() -> bool:
+    """vLLM 0.34's Kimi-K3 model builds DSA (sparse) attention layers, each
+    with its indexer, where its config has ``dsa_config``
+    (``KimiLinearConfig.is_dsa_layer``); vLLM 0.33 reads no ``dsa_config``
+    and builds those layers as dense MLA."""
+    from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
+
+    return hasattr(KimiLinearConfig, "is_dsa_layer")
+
+
+def dsa_topk_indices_buffer(kimi_linear_model: Any) -> Any:
+    """The one top-k buffer vLLM 0.34's ``KimiLinearModel`` allocates for all
+    its DSA layers when it is built (``topk_indices_buffer``: int32,
+    ``max_num_batched_tokens`` (+ DCP slack) x ``index_topk``), a tensor that
+    is not a parameter; ``None`` without DSA layers, and on vLLM 0.33."""
+    return getattr(kimi_linear_model, "topk_indices_buffer", None)

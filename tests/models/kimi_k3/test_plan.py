@@ -369,6 +369,12 @@ def test_kv_options_without_a_gpu_size_are_noted(capsys, arguments, noted, servi
             json.dumps({"text_config": {**KIMI_K3_MOE_FIELDS, "moe_layer_freq": 0}}),
             ["moe_layer_freq", "at least 1", "got 0"],
         ),
+        (
+            json.dumps(
+                {"text_config": {**KIMI_K3_TEXT_CONFIG, "dsa_config": {"topk": 8}}}
+            ),
+            ["dsa_config", "dsa_layers"],
+        ),
     ],
     ids=[
         "missing",
@@ -378,6 +384,7 @@ def test_kv_options_without_a_gpu_size_are_noted(capsys, arguments, noted, servi
         "field not int",
         "no attention fields",
         "layer frequency 0",
+        "dsa_config without its layers",
     ],
 )
 def test_bad_config_file_is_one_line_and_exit_2(tmp_path, capsys, content, words):

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe.compat import VLLM, builds_dsa_layers
 from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
 from vllm_kimi_k3_moe.tools.cli.common import (
     PROG,
@@ -475,6 +475,7 @@ def run(args: argparse.Namespace) -> int:
                     plans, refused = [planner.plan(d) for d in asked.deployments], []
     except (DeploymentError, PlanError, BudgetError) as error:
         fail("plan", str(error))
+    _note_dsa_config_unread(asked.text_config)
     if args.json:
         print(as_json(plans))
     elif args.wide:
@@ -508,6 +509,18 @@ def run(args: argparse.Namespace) -> int:
         print(table(plans, format_title=asked.quantization_title))
         print(serve_commands(plans))
     return 0
+
+
+def _note_dsa_config_unread(text_config: dict[str, Any]) -> None:
+    """A config's ``dsa_config`` on a vLLM that builds no DSA layers: say in
+    one line that its attention was sized as this vLLM builds it."""
+    if text_config.get("dsa_config") is not None and not builds_dsa_layers():
+        print(
+            f"plan: note: {VLLM} does not build DSA layers: the config's "
+            "dsa_config is not read, and its layers are sized as the dense MLA "
+            "this vLLM builds",
+            file=sys.stderr,
+        )
 
 
 def plan_command(args: argparse.Namespace, topology: Topology) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape
 from vllm_kimi_k3_moe.tools.gpu_budget import ACTIVATIONS_GIB, CONTEXT_GIB
 from vllm_kimi_k3_moe.tools.kv_budget import KvBudget
 from vllm_kimi_k3_moe.tools.plan.public_layouts import PublicLayout
@@ -129,6 +130,7 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} bytes "
             f"per token on every GPU ({kv.mla_layers} MLA layers), plus",
             f"the state of {kv.kda_layers} KDA layers per sequence, split by TP.",
+            *_indexer_note(kv),
         ]
     return "\n".join(
         [
@@ -225,7 +227,18 @@ def table(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence."
         )
+        lines += _indexer_note(kv)
     return "\n".join(lines + _dcp_note(plans) + _draft_note(plans))
+
+
+def _indexer_note(kv: KvCacheShape) -> list[str]:
+    """What DSA layers add to the KV cache, where the model has them."""
+    if not kv.dsa_layers:
+        return []
+    return [
+        f"{kv.dsa_layers} of the MLA layers are DSA layers: their indexers' keys "
+        f"add {kv.indexer_bytes_per_token:,} B per token."
+    ]
 
 
 def _draft_note(plans: Sequence[DeploymentPlan]) -> list[str]:
