@@ -16,8 +16,9 @@ MXFP4 on Marlin, ``--gpu gb300 --kv-cache-dtype fp8``):
   FlashKDA plan assumes, which keeps one more state block per KDA layer
   group and request (its prefill checkpoint): ``plan`` has no option for
   the KDA kernel; this module swaps the planner's stand-in;
-- with plan's own memory assumptions (``--gpu-memory-utilization 0.92``, a
-  6 GiB reserve).
+- with plan's own memory assumptions (vLLM's default
+  ``--gpu-memory-utilization`` and plan's estimate of the reserve, as the
+  installed vLLM sizes the KV cache).
 
     python -m benchmarks.public_dcp_case    # from the repo root, ~1 min
 
@@ -73,7 +74,7 @@ def sized(context: int, backend: str | None) -> dict[tuple[int, bool], object]:
             found[dcp, False] = default.fixed_kv
             # the reserve that leaves the measured KV memory next to the weights
             left = default.fixed_kv.available_bytes - round(gib * GIB)
-            reserve = planner.budget.reserve_gib + left / GIB
+            reserve = default.budget.reserve_gib + left / GIB
             planner.budget = GpuBudget(GB300, reserve_gib=reserve)
             found[dcp, True] = planner.plan(deployment).fixed_kv
             planner.budget = GpuBudget(GB300)

@@ -159,3 +159,47 @@ def resolved_gpu_memory_utilization(cache_config: Any) -> float:
     if resolved is None:
         return cache_config.gpu_memory_utilization
     return cache_config.resolved_gpu_memory_utilization
+
+
+def extensible_kv_cache_resolver() -> str | None:
+    """The ``VllmConfig`` method by which vLLM 0.34 settles its extensible KV
+    cache (``_resolve_extensible_kv_cache``: on where the platform supports
+    it, CUDA and ROCm, unless asked otherwise); ``None`` on vLLM 0.33, which
+    has no extensible KV cache."""
+    from vllm.config import VllmConfig
+
+    name = "_resolve_extensible_kv_cache"
+    return name if hasattr(VllmConfig, name) else None
+
+
+def kv_cache_sizing_after_warmup(cache_config: Any) -> Any:
+    """vLLM 0.34's ``v1/worker/extensible_kv_cache.py`` (its
+    ``measure_kv_cache_bytes`` and margin constants) where ``cache_config``
+    has the extensible KV cache on, 0.34's default on CUDA: the KV cache is
+    then sized from the memory measured after warmup, and the CUDA context
+    and NCCL's buffers come out of it. ``None`` where vLLM sizes it from its
+    start-up profile within ``gpu_memory_utilization`` of each GPU: 0.34 with
+    the extensible KV cache off, and 0.33, which has none."""
+    if not getattr(cache_config, "enable_extensible_kv_cache", False):
+        return None
+    from vllm.v1.worker import extensible_kv_cache
+
+    return extensible_kv_cache
+
+
+def builds_dsa_layers() -> bool:
+    """vLLM 0.34's Kimi-K3 model builds DSA (sparse) attention layers, each
+    with its indexer, where its config has ``dsa_config``
+    (``KimiLinearConfig.is_dsa_layer``); vLLM 0.33 reads no ``dsa_config``
+    and builds those layers as dense MLA."""
+    from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
+
+    return hasattr(KimiLinearConfig, "is_dsa_layer")
+
+
+def dsa_topk_indices_buffer(kimi_linear_model: Any) -> Any:
+    """The one top-k buffer vLLM 0.34's ``KimiLinearModel`` allocates for all
+    its DSA layers when it is built (``topk_indices_buffer``: int32,
+    ``max_num_batched_tokens`` (+ DCP slack) x ``index_topk``), a tensor that
+    is not a parameter; ``None`` without DSA layers, and on vLLM 0.33."""
+    return getattr(kimi_linear_model, "topk_indices_buffer", None)

@@ -1,32 +1,34 @@
-"""What one GPU offers Kimi-K3's KV cache once the weights are in.
+"""What one GPU is asked to give vLLM, as the operator says it.
 
-vLLM 0.33.0 (``Worker.determine_available_memory``) takes
-``ceil(total x gpu_memory_utilization)`` of each GPU (``request_memory``) and
-gives the KV cache what its start-up profile leaves: minus the weights,
-minus the activation peak of a dummy forward pass, minus the CUDA-graph
-pool it estimates, minus memory other libraries took after its snapshot.
-Only the weights can be read without a GPU; the rest is the reserve, an
-estimate the operator can override (``--reserve-gib``). The CUDA context and
-NCCL's buffers, allocated before vLLM's snapshot, must fit in the
-``1 - gpu_memory_utilization`` vLLM leaves. Plain Python: the command line
-validates these before vLLM is imported.
+vLLM takes a share of each GPU (``--gpu-memory-utilization``: its
+``request_memory``, ``ceil(total x utilization)``); of that share the
+weights and the KV cache get most, and the rest, the reserve, is what vLLM
+measures at start-up beside them. ``plan`` counts the weights exactly; the
+reserve is an estimate (``--reserve-gib`` replaces it with the figure a
+start-up log gives: GPU GiB x utilization - weights - KV cache). Which
+utilization the installed vLLM takes by default, and what its reserve
+holds, is ``kv_budget``'s (after vLLM is imported); here is what was asked,
+validated before vLLM is imported, and the estimates the reserve is made
+of. Plain Python.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 GIB = 2**30
-# vLLM 0.33.0's CacheConfig.gpu_memory_utilization default (a test ties them).
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
-# Estimate, not a measurement: activation peak of vLLM's profile run
+# Estimate, not a measurement: the activation peak of vLLM's start-up run
 # (max_num_batched_tokens of Kimi-K3's 7168-wide hidden states, the MoE
 # kernels' workspaces, the sampler's logits over 163840 tokens) plus the
-# CUDA-graph pool and communication workspaces. Override with --reserve-gib
-# once a real start-up log gives the number (vLLM logs the memory it
-# profiled).
-DEFAULT_RESERVE_GIB = 6.0
+# CUDA-graph pool and communication workspaces: what vLLM's start-up
+# profile (or, sizing after warmup, its measured transient peak) keeps
+# beside the weights. vLLM logs what it measured.
+ACTIVATIONS_GIB = 6.0
+# Estimate, not a measurement: what each GPU holds before vLLM's memory
+# snapshot (the CUDA context, NCCL's communicator buffers, cuBLAS handles).
+# Profile sizing leaves it outside vLLM's share; sizing after warmup takes
+# it out of the KV cache.
+CONTEXT_GIB = 2.0
 
 
 class BudgetError(ValueError):
@@ -35,37 +37,31 @@ class BudgetError(ValueError):
 
 @dataclass(frozen=True)
 class GpuBudget:
-    """One GPU's memory as ``vllm serve`` is asked to use it."""
+    """One GPU's memory as ``vllm serve`` is asked to use it: its size in
+    GiB, ``--gpu-memory-utilization`` (``None``: not given, vLLM's own
+    default, and the serve lines leave it unset) and ``--reserve-gib``
+    (``None``: plan's estimate for the installed vLLM)."""
 
     gpu_memory_gib: float
-    utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    reserve_gib: float = DEFAULT_RESERVE_GIB
+    utilization: float | None = None
+    reserve_gib: float | None = None
 
     def __post_init__(self) -> None:
         if not self.gpu_memory_gib > 0:
             raise BudgetError(
                 f"--gpu-memory-gib must be positive, got {self.gpu_memory_gib:g}"
             )
-        if not 0 < self.utilization <= 1:
+        if self.utilization is not None and not 0 < self.utilization <= 1:
             raise BudgetError(
                 "--gpu-memory-utilization must be in (0, 1], as vLLM's, got "
                 f"{self.utilization:g}"
             )
-        if not self.reserve_gib >= 0:
+        if self.reserve_gib is not None and not self.reserve_gib >= 0:
             raise BudgetError(
                 f"--reserve-gib must be 0 or more, got {self.reserve_gib:g}"
             )
 
     @property
-    def requested_bytes(self) -> int:
-        """What vLLM takes of the GPU (``request_memory``)."""
-        return math.ceil(self.gpu_memory_gib * GIB * self.utilization)
-
-    @property
-    def reserve_bytes(self) -> int:
-        return round(self.reserve_gib * GIB)
-
-    def kv_cache_bytes(self, weight_bytes: int) -> int:
-        """Memory left for the KV cache next to ``weight_bytes`` of weights;
-        negative when the weights and the reserve do not fit."""
-        return self.requested_bytes - weight_bytes - self.reserve_bytes
+    def total_bytes(self) -> int:
+        """The GPU's memory, as CUDA reports it to a process."""
+        return round(self.gpu_memory_gib * GIB)

@@ -237,7 +237,28 @@ def language_model_fields(document: dict[str, Any], path: Path) -> dict[str, Any
             f"config file {path}: linear_attn_config must be an object with "
             f"{', '.join(LINEAR_ATTENTION_FIELDS)}"
         )
+    _check_dsa_config(text_config.get("dsa_config"), path)
     return dict(text_config)
+
+
+def _check_dsa_config(dsa_config: Any, path: Path) -> None:
+    """A ``dsa_config`` (Kimi-K3.1's DSA layers, which vLLM 0.34 builds) is
+    an object naming its layers, as vLLM's ``KimiLinearDSAConfig`` reads
+    them: ``dsa_layers`` (or ``layers``), numbered from 1."""
+    if dsa_config is None:
+        return
+    layers = (
+        dsa_config.get("dsa_layers", dsa_config.get("layers"))
+        if isinstance(dsa_config, dict)
+        else None
+    )
+    if not isinstance(layers, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in layers
+    ):
+        raise ConfigFileError(
+            f"config file {path}: dsa_config must be an object with dsa_layers, "
+            "a list of layer numbers"
+        )
 
 
 def declared_quantization_config(document: dict[str, Any]) -> Any:

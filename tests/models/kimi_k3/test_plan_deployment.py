@@ -8,17 +8,13 @@ import math
 
 import pytest
 
-from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe import compat
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, format_named
-from vllm_kimi_k3_moe.tools.gpu_budget import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    GpuBudget,
-)
+from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import Deployment
 
-GIB = 2**30
 MLA_LAYERS, KDA_LAYERS = 24, 69
 KV_LORA_RANK, ROPE = 512, 64  # the MLA cache holds 576 values per token
 KDA_HEADS, KDA_HEAD_DIM, CONV = 96, 128, 4
@@ -65,13 +61,13 @@ def test_fp8_kv_cache_halves_the_mla_bytes(kimi_model):
 
 
 def test_kv_tokens_follow_the_memory_left(kimi_k3_deployment_plans):
-    """At TP32 on H20s, what is left next to the fixed model becomes KV
+    """At TP32 on H20s, what vLLM leaves next to the fixed model (its share
+    less the weights and the reserve: ``test_kv_budget``) becomes KV
     cache: about that many bytes over the bytes a token costs, less what
     each request's KDA state holds; upstream nothing is left."""
     result = kimi_k3_deployment_plans[32]
     budget, fixed = result.budget, result.fixed_kv
-    gib = budget.gpu_memory_gib  # 95.0: what CUDA sees of an H20's 96 GB
-    left = math.ceil(gib * GIB * 0.92) - result.fixed.total_bytes - 6 * GIB
+    left = budget.kv_cache_bytes(result.fixed.total_bytes)
     assert fixed.available_bytes == left > 0
     # a request: 131072 tokens of MLA cache + 3 KDA groups x 3 blocks of state
     blocks = left // (MLA_LAYERS * result.kv_cache.page_bytes)
@@ -116,10 +112,20 @@ def test_tp32_fit_by_gpu_size(kimi_model, gib, upstream_fits, fixed_fits):
     assert result.fixed_kv.tokens >= result.upstream_kv.tokens
 
 
-def test_default_utilization_is_vllms():
+def test_default_utilization_is_vllms(kimi_k3_deployment_plans):
+    """Unset, plan sizes with vLLM's own default as vLLM resolves it for
+    the sizing it does on the serving GPUs: ``CacheConfig``'s field (vLLM
+    0.33: 0.92), or on vLLM 0.34, whose field is unset, its resolution with
+    the extensible KV cache (``test_kv_budget``: on, as on CUDA)."""
     from vllm.config import CacheConfig
 
-    assert CacheConfig().gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION
+    budget = kimi_k3_deployment_plans[32].budget
+    default = CacheConfig()
+    if budget.after_warmup:
+        assert default.gpu_memory_utilization is None
+        default.enable_extensible_kv_cache = True
+    assert budget.utilization == compat.resolved_gpu_memory_utilization(default)
+    assert not budget.utilization_given
 
 
 @pytest.mark.parametrize("bad", [0, -0.1, 1.01])
@@ -251,4 +257,4 @@ def test_a_layout_only_the_plugin_builds_is_sized_and_says_so(kimi_model):
     assert document["kv_cache"]["upstream_tokens"] == 0
     row = table([result]).splitlines()[4]
     assert row.split()[:5] == ["TP8", "DP4", "32", "4", "-"]  # GPUs, nodes
-    assert row.endswith(f"{VLLM} alone cannot build it")
+    assert row.endswith(f"{compat.VLLM} alone cannot build it")

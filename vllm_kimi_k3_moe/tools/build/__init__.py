@@ -33,6 +33,16 @@ suite's build tests fail when a name moves.
     Why: MLA's kernels are chosen for, and imported on, the GPU. Re-check:
     the two names in ``mla.py``; that FlashMLA's block sizes still match the
     GPU's first choice.
+``stand_ins.sparse_mla_attention_kernels``
+    Replaces ``get_attn_backend`` (for a sparse request only) and
+    ``get_mla_prefill_backend`` as vLLM's generic
+    ``model_executor.layers.attention.mla_attention`` looks them up: a
+    FlashMLA sparse backend subclass whose kernel is FlashMLA sparse's
+    implementation class with its ``__init__`` (which sizes workspaces and
+    asks the GPU its SM count) not run. Why: vLLM 0.34 builds a config's
+    ``dsa_config`` layers as sparse MLA through that module; a CPU box has
+    no sparse MLA backend. Re-check: the two names in ``mla_attention.py``;
+    that FlashMLA sparse's KV-cache spec still matches Hopper's first choice.
 ``stand_ins.linear_kernels_on_their_gpu``
     Replaces ``vllm.model_executor.kernels.linear.current_platform`` (as
     CUDA) and ``is_supported`` of every CUDA kernel in the private
@@ -116,6 +126,14 @@ suite's build tests fail when a name moves.
     (vLLM 0.34's FlashInfer CuteDSL experts compare it with 0); on CUDA
     vLLM sizes the capture range itself. Re-check: where ``VllmConfig``
     calls ``_set_cudagraph_sizes``.
+``stand_ins.cuda_extensible_kv_cache``
+    Replaces the current platform's ``is_cuda_alike`` (True) and ``is_rocm``
+    (False) while ``VllmConfig`` settles the extensible KV cache (vLLM 0.34's
+    ``_resolve_extensible_kv_cache``, named by ``compat``; nothing on 0.33),
+    as ``vllm_config`` makes a config. Why: it is on by default on CUDA, and
+    with it vLLM takes all of each GPU and sizes the KV cache after warmup
+    (``kv_budget``); a CPU box's platform turns it off. Re-check: what that
+    method asks of the platform.
 ``stand_ins.weightless_model_loader``
     Replaces ``vllm.model_executor.model_loader.get_model`` (and the name
     ``v1/worker/gpu/spec_decode/eagle/utils.py`` imported) while

@@ -28,6 +28,9 @@ COMPONENTS = (
     "norms_other",  # layer norms, attention-residual norms and projections
     "vision_tower",  # MoonViT and its projector, unless --language-model-only
     "speculative_draft",  # --speculative-config's draft, not shared with the target
+    # the top-k buffer all DSA layers share (a tensor the model allocates
+    # when it is built, not a parameter), on every pipeline stage
+    "dsa_topk_indices",
 )
 MOE_COMPONENTS = ("moe_routed_experts", "moe_other")
 # The multimodal model's parts, by their parameters' first name.
@@ -198,6 +201,12 @@ class PlacedAllocation:
         pipeline stage, where vLLM's model runner loads the drafter."""
         last = {**self.last, "speculative_draft": draft_bytes}
         return PlacedAllocation(self.layers, self.first, last, self.every)
+
+    def with_every_stage(self, component: str, size: int) -> PlacedAllocation:
+        """This model with ``size`` bytes of ``component`` that every
+        pipeline stage allocates (not a parameter of any layer)."""
+        every = {**self.every, component: size}
+        return PlacedAllocation(self.layers, self.first, self.last, every)
 
     def with_mlps_of(self, other: PlacedAllocation) -> PlacedAllocation:
         """This model with every layer's MLP (dense or MoE) as ``other``'s

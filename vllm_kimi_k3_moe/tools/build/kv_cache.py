@@ -32,25 +32,36 @@ class KvCacheShape:
     """What one GPU's KV cache is made of, read from vLLM's specs."""
 
     block_size: int  # tokens per block, after vLLM's hybrid alignment
-    mla_layers: int
+    mla_layers: int  # dense and sparse (DSA) alike
     kda_layers: int
     mla_bytes_per_token: int  # all MLA layers together (latent + rope)
     kda_bytes_per_sequence: int  # all KDA layers' conv + recurrent state
-    page_bytes: int  # one layer's block, MLA and KDA alike
+    page_bytes: int  # one MLA layer's block (one KDA layer's, padded to it)
     # GPUs a sequence's MLA tokens are spread over (--decode-context-parallel-size):
     # a GPU holds mla_bytes_per_token for one token in dcp_size; KDA state whole
     dcp_size: int = 1
     # layers vLLM's grouping adds so that every group has as many layers
     # (_generate_kv_cache_groups: a draft's MLA layers change the group size)
     padding_layers: int = 0
+    # DSA (sparse MLA) layers, each with an indexer whose keys are cached per
+    # token beside its MLA cache (a config with dsa_config, on a vLLM that
+    # builds DSA layers)
+    dsa_layers: int = 0
+    indexer_bytes_per_token: int = 0  # all DSA layers' indexer keys
 
     @classmethod
     def of(cls, specs: dict[str, Any]) -> KvCacheShape:
-        from vllm.v1.kv_cache_interface import MambaSpec, MLAAttentionSpec
+        from vllm.v1.kv_cache_interface import (
+            MambaSpec,
+            MLAAttentionSpec,
+            SparseCacheRole,
+        )
 
-        mla = [s for s in specs.values() if isinstance(s, MLAAttentionSpec)]
+        caches = [s for s in specs.values() if isinstance(s, MLAAttentionSpec)]
+        indexer = [s for s in caches if s.cache_role == SparseCacheRole.INDEXER]
+        mla = [s for s in caches if s.cache_role != SparseCacheRole.INDEXER]
         kda = [s for s in specs.values() if isinstance(s, MambaSpec)]
-        if len(mla) + len(kda) != len(specs) or not mla:
+        if len(caches) + len(kda) != len(specs) or not mla:
             kinds = sorted({type(s).__name__ for s in specs.values()})
             raise ValueError(f"unexpected Kimi-K3 KV-cache specs: {kinds}")
         return cls(
@@ -60,6 +71,10 @@ class KvCacheShape:
             mla_bytes_per_token=sum(s.page_size_bytes // s.block_size for s in mla),
             kda_bytes_per_sequence=sum(s.real_page_size_bytes for s in kda),
             page_bytes=mla[0].page_size_bytes,
+            dsa_layers=len(indexer),
+            indexer_bytes_per_token=sum(
+                s.page_size_bytes // s.block_size for s in indexer
+            ),
         )
 
 
@@ -115,15 +130,25 @@ class KvCachePlanner:
 
     def _padding_layers(self) -> int:
         """The layers vLLM's grouping pads the model's KV cache with: each
-        group holds as many layers as the largest, the empty places
-        allocated but unused (vLLM logs "Add N padding layers")."""
+        group of one spec per layer holds as many layers as the largest, the
+        empty places allocated but unused (vLLM logs "Add N padding
+        layers"). Groups that pack several layers' pages into each block (a
+        ``UniformTypeKVCacheSpecs``: DSA layers with their indexers, under a
+        block-outermost layout) are not padded so."""
         from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
+        from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
-        groups = get_global_kv_cache_groups(
-            self.vllm_config, [copy.deepcopy(self.specs)]
-        )
+        groups = [
+            group
+            for group in get_global_kv_cache_groups(
+                self.vllm_config, [copy.deepcopy(self.specs)]
+            )
+            if not isinstance(group.kv_cache_spec, UniformTypeKVCacheSpecs)
+        ]
+        if not groups:
+            return 0
         size = max(len(group.layer_names) for group in groups)
-        return size * len(groups) - len(self.specs)
+        return sum(size - len(group.layer_names) for group in groups)
 
     def with_decode_context(self, dcp_size: int) -> KvCachePlanner:
         """This rank's specs sized by vLLM's planner under

@@ -109,6 +109,61 @@ def mla_attention_kernels() -> Iterator[None]:
         yield
 
 
+@functools.cache
+def sparse_mla_backend_stand_in() -> type:
+    """vLLM's FlashMLA sparse attention backend with a kernel stand-in as its
+    ``impl``, for the sparse (DSA) MLA layers a config with ``dsa_config``
+    builds: what the backend says about the KV cache (kernel block sizes,
+    its spec customisation, the ``fp8_ds_mla`` format it serves an FP8 KV
+    cache in) is vLLM's own; its kernels are not built. FlashMLA sparse runs
+    on Hopper and Blackwell and is Hopper's only sparse backend for an FP8
+    KV cache; the FlashAttention sparse backend (Hopper's first choice for
+    bfloat16) does not import on a CPU. The stand-in kernel says it is
+    sparse, has no dense-MHA prefill (so no prefill backend is chosen) and
+    gives the ``fp8_ds_mla`` row bytes FlashMLA sparse's implementation
+    gives. Holds no parameters."""
+    from vllm.v1.attention.backends.mla.flashmla_sparse import (
+        FlashMLASparseBackend,
+        FlashMLASparseImpl,
+    )
+
+    class SparseMlaKernelStandIn(FlashMLASparseImpl):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass  # vLLM's __new__ reads the rank's DCP and PCP groups
+
+    class SparseMlaBackendStandIn(FlashMLASparseBackend):
+        @staticmethod
+        def get_impl_cls() -> type:
+            return SparseMlaKernelStandIn
+
+    return SparseMlaBackendStandIn
+
+
+@contextmanager
+def sparse_mla_attention_kernels() -> Iterator[None]:
+    """vLLM's generic ``MLAAttention`` (which the DSA layers of a config with
+    ``dsa_config`` build, through ``MultiHeadLatentAttentionWrapper``) gets
+    ``sparse_mla_backend_stand_in()`` where it asks for a sparse backend,
+    looked up in vLLM's ``mla_attention`` module only; a dense request gets
+    vLLM's own answer. A CPU box's platform has no sparse MLA backend
+    ("Invalid attention backend"). The layer's projections, norms and DSA
+    indexer (its parameters) are vLLM's own. Holds no parameters."""
+    from vllm.model_executor.layers.attention import mla_attention
+
+    own = mla_attention.get_attn_backend
+    backend = sparse_mla_backend_stand_in()
+
+    def sparse_on_the_gpu(*args: Any, **kwargs: Any) -> type:
+        return backend if kwargs.get("use_sparse") else own(*args, **kwargs)
+
+    with replaced_attributes(
+        mla_attention,
+        get_attn_backend=sparse_on_the_gpu,
+        get_mla_prefill_backend=lambda vllm_config: MlaKernelStandIn,
+    ):
+        yield
+
+
 # What vLLM's KDA layer resolves its prefill kernel to on the GPUs Kimi-K3
 # runs on: ``resolve_kda_prefill_backend("auto", ...)`` picks FlashKDA on CUDA
 # compute capability 9.x, 10.x and 12.x (H20, H200, B200, ...).
@@ -288,6 +343,45 @@ def cuda_graph_capture_sizes() -> Iterator[None]:
         yield
 
 
+def _cuda_alike() -> bool:
+    return True
+
+
+def _not_rocm() -> bool:
+    return False
+
+
+@contextmanager
+def cuda_extensible_kv_cache() -> Iterator[None]:
+    """While ``VllmConfig`` settles whether the KV cache is extensible (the
+    method ``compat.extensible_kv_cache_resolver`` names; vLLM 0.33 has none,
+    and nothing is replaced), the current platform answers as CUDA does
+    (``is_cuda_alike``, not ROCm): vLLM then turns it on as on the serving
+    GPUs, and resolves ``gpu_memory_utilization`` and the KV-cache sizing
+    as there. A CPU box's platform does not support it, and vLLM would size
+    the KV cache as it does without it. The rest of the config is made with
+    the real platform's answers. Holds no parameters."""
+    from vllm_kimi_k3_moe.compat import extensible_kv_cache_resolver
+
+    name = extensible_kv_cache_resolver()
+    if name is None:
+        yield
+        return
+    from vllm.config import VllmConfig
+    from vllm.platforms import current_platform
+
+    own = getattr(VllmConfig, name)
+
+    def as_on_cuda(self: Any) -> None:
+        with replaced_attributes(
+            current_platform, is_cuda_alike=_cuda_alike, is_rocm=_not_rocm
+        ):
+            own(self)
+
+    with replaced_attributes(VllmConfig, **{name: as_on_cuda}):
+        yield
+
+
 @contextmanager
 def weightless_model_loader() -> Iterator[None]:
     """``vllm.model_executor.model_loader.get_model`` (and the name
@@ -338,6 +432,7 @@ def whole_model_on_cpu() -> Iterator[None]:
     with ExitStack() as stack:
         stack.enter_context(cuda_streams_and_events())
         stack.enter_context(mla_attention_kernels())
+        stack.enter_context(sparse_mla_attention_kernels())
         stack.enter_context(linear_kernels_on_their_gpu())
         stack.enter_context(a_cuda_device())
         yield

@@ -24,6 +24,7 @@ from typing import Any
 from vllm_kimi_k3_moe.tools.build.draft import speculative_config
 from vllm_kimi_k3_moe.tools.build.stand_ins import (
     cuda_graph_capture_sizes,
+    cuda_extensible_kv_cache,
     cuda_hybrid_kv_cache,
     the_serving_gpus_capability,
 )
@@ -155,8 +156,9 @@ def rank_vllm_config(
     ``cuda``), vLLM's checks see a serving GPU's compute capability
     (``stand_ins.the_serving_gpus_capability``); everywhere, a platform that
     keeps the hybrid KV-cache manager on, as CUDA's does
-    (``stand_ins.cuda_hybrid_kv_cache``) and captures CUDA graphs, sized by
-    vLLM's rules (``stand_ins.cuda_graph_capture_sizes``)."""
+    (``stand_ins.cuda_hybrid_kv_cache``), captures CUDA graphs, sized by
+    vLLM's rules (``stand_ins.cuda_graph_capture_sizes``), and settles the
+    extensible KV cache as CUDA does (``stand_ins.cuda_extensible_kv_cache``)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -173,6 +175,7 @@ def rank_vllm_config(
         _capability_of_the_serving_gpus(on_this_gpu),
         cuda_hybrid_kv_cache(),
         cuda_graph_capture_sizes(),
+        cuda_extensible_kv_cache(),
     ):
         vllm_config = VllmConfig(
             model_config=model_config,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_k3_moe.compat import dsa_topk_indices_buffer
 from vllm_kimi_k3_moe.patching import replaced_attributes
 from vllm_kimi_k3_moe.tools.build.allocation import (
     LayerAllocation,
@@ -107,14 +108,18 @@ def build_rank(
         i for i in main_moe_layers(text_config) if i >= language_model.start_layer
     )
     kda_layer = KimiLinearConfig(**text_config).is_kda_layer
+    # vLLM 0.34's DSA layers share one top-k buffer, allocated with the model
+    topk = dsa_topk_indices_buffer(language_model)
+    topk_bytes = 0 if topk is None else topk.numel() * topk.element_size()
     allocation = ModelAllocation.of(model, kda_layer)
     allocation.components["speculative_draft"] = draft_bytes
+    allocation.components["dsa_topk_indices"] = topk_bytes
     return RankBuild(
         model=model,
         allocation=allocation,
-        placed=PlacedAllocation.of(
-            model, text_config["num_hidden_layers"], kda_layer
-        ).with_draft(draft_bytes),
+        placed=PlacedAllocation.of(model, text_config["num_hidden_layers"], kda_layer)
+        .with_draft(draft_bytes)
+        .with_every_stage("dsa_topk_indices", topk_bytes),
         moe_layer=LayerAllocation.of(language_model.layers[first_moe].block_sparse_moe),
         vllm_config=vllm_config,
         draft=draft,

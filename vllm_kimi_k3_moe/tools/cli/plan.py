@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm_kimi_k3_moe.compat import VLLM
+from vllm_kimi_k3_moe.compat import VLLM, builds_dsa_layers
 from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
 from vllm_kimi_k3_moe.tools.cli.common import (
     PROG,
@@ -39,8 +39,8 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     quiet_vllm,
 )
 from vllm_kimi_k3_moe.tools.gpu_budget import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_RESERVE_GIB,
+    ACTIVATIONS_GIB,
+    CONTEXT_GIB,
     BudgetError,
     GpuBudget,
 )
@@ -188,17 +188,22 @@ def add_command(commands: Subcommands) -> None:
         "--gpu-memory-utilization",
         type=fraction,
         metavar="U",
-        help="the share of each GPU vLLM takes, in (0, 1] (default: "
-        f"{DEFAULT_GPU_MEMORY_UTILIZATION:g}, {VLLM}'s); needs a GPU size",
+        help="the share of each GPU vLLM takes, in (0, 1] (default: unset, "
+        f"what {VLLM} resolves it to, which plan's notes say; the serve "
+        "commands carry it only where given); needs a GPU size",
     )
     plan.add_argument(
         "--reserve-gib",
         type=fraction,
         metavar="N",
-        help="GiB per GPU kept for activations, CUDA graphs and communication "
-        f"workspaces (default: {DEFAULT_RESERVE_GIB:g}, an estimate: vLLM "
-        "measures them at start-up; use the figure its log gives); needs a "
-        "GPU size",
+        help="GiB per GPU of vLLM's share that neither the weights nor the KV "
+        "cache get: what vLLM measures at start-up (activations, CUDA graphs, "
+        "communication workspaces; where vLLM sizes the KV cache after warmup "
+        "also the CUDA context, NCCL's buffers and vLLM's margin). Default: an "
+        f"estimate made of {ACTIVATIONS_GIB:g} GiB of activations and "
+        f"{CONTEXT_GIB:g} GiB of CUDA context and NCCL, which plan's notes "
+        "give; from a start-up log: GPU GiB x utilization - weights - KV "
+        "cache. Needs a GPU size",
     )
     plan.add_argument(
         "--speculative-config",
@@ -278,13 +283,9 @@ def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
                     f"{option} needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
                 )
         return None, None
-    utilization = args.gpu_memory_utilization
-    reserve = args.reserve_gib
-    budget = GpuBudget(
-        memory,
-        DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization,
-        DEFAULT_RESERVE_GIB if reserve is None else reserve,
-    )
+    # None: vLLM's default utilization and plan's estimate of the reserve,
+    # which the installed vLLM decides once it is imported (kv_budget)
+    budget = GpuBudget(memory, args.gpu_memory_utilization, args.reserve_gib)
     return budget, title
 
 
@@ -472,8 +473,9 @@ def run(args: argparse.Namespace) -> int:
                     )
                 else:
                     plans, refused = [planner.plan(d) for d in asked.deployments], []
-    except (DeploymentError, PlanError) as error:
+    except (DeploymentError, PlanError, BudgetError) as error:
         fail("plan", str(error))
+    _note_dsa_config_unread(asked.text_config)
     if args.json:
         print(as_json(plans))
     elif args.wide:
@@ -483,8 +485,7 @@ def run(args: argparse.Namespace) -> int:
         title = (
             f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: "
             f"{asked.quantization_title} on {asked.backend}, {len(plans)} layouts "
-            "vLLM builds, "
-            "GB = 10^9 bytes"
+            f"{VLLM} builds, GB = 10^9 bytes"
         )
         public = public_layouts(args.gpu, args.gpus)
         unmarked = (
@@ -508,6 +509,18 @@ def run(args: argparse.Namespace) -> int:
         print(table(plans, format_title=asked.quantization_title))
         print(serve_commands(plans))
     return 0
+
+
+def _note_dsa_config_unread(text_config: dict[str, Any]) -> None:
+    """A config's ``dsa_config`` on a vLLM that builds no DSA layers: say in
+    one line that its attention was sized as this vLLM builds it."""
+    if text_config.get("dsa_config") is not None and not builds_dsa_layers():
+        print(
+            f"plan: note: {VLLM} does not build DSA layers: the config's "
+            "dsa_config is not read, and its layers are sized as the dense MLA "
+            "this vLLM builds",
+            file=sys.stderr,
+        )
 
 
 def plan_command(args: argparse.Namespace, topology: Topology) -> str:

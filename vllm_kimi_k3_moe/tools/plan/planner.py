@@ -34,6 +34,7 @@ from vllm_kimi_k3_moe.tools.build.kv_cache import KvCachePlanner
 from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.kv_budget import KvBudget, kv_budget
 from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE, node_split
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_commands
 from vllm_kimi_k3_moe.tools.plan.values import (
@@ -132,6 +133,9 @@ class Planner:
         self.serving = serving or Serving()
         validate_serving(self.serving)
         self.budget = budget
+        # budget as the installed vLLM shares it out, made once from the
+        # first rank's config (every layout's CacheConfig is the same)
+        self._kv_budgets: dict[GpuBudget, KvBudget] = {}
         self.model = model
         self.gpus_per_node = gpus_per_node
         self.speculation = speculation
@@ -304,28 +308,37 @@ class Planner:
         )
         if self.budget is None:
             return plan
+        budget = self._kv_budget(kv.vllm_config.cache_config)
         # vLLM alone's KV cache, where it starts: it builds and can run it
         runs = alone is not None and moe.upstream_refusal is None
         return replace(
             plan,
-            budget=self.budget,
-            upstream_kv=self._capacity(kv, stages, ranges, "upstream")
+            budget=budget,
+            upstream_kv=self._capacity(budget, kv, stages, ranges, "upstream")
             if runs
             else None,
-            fixed_kv=self._capacity(kv, stages, ranges, "fixed"),
+            fixed_kv=self._capacity(budget, kv, stages, ranges, "fixed"),
         )
 
+    def _kv_budget(self, cache_config: Any) -> KvBudget:
+        """The budget asked, as the installed vLLM shares the GPU out
+        under the serving GPUs' ``cache_config``; a ``BudgetError`` (for
+        every layout alike) where vLLM would not start on it."""
+        assert self.budget is not None
+        if self.budget not in self._kv_budgets:
+            self._kv_budgets[self.budget] = kv_budget(self.budget, cache_config)
+        return self._kv_budgets[self.budget]
+
+    @staticmethod
     def _capacity(
-        self,
+        budget: KvBudget,
         kv: KvCachePlanner,
         stages: Iterable[StageAllocation],
         ranges: list[tuple[int, int]],
         side: str,
     ) -> Any:
-        assert self.budget is not None
         available = [
-            self.budget.kv_cache_bytes(getattr(stage, side).total_bytes)
-            for stage in stages
+            budget.kv_cache_bytes(getattr(stage, side).total_bytes) for stage in stages
         ]
         return kv.capacity(available, ranges)
 

@@ -10,7 +10,9 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape
+from vllm_kimi_k3_moe.tools.gpu_budget import ACTIVATIONS_GIB, CONTEXT_GIB
+from vllm_kimi_k3_moe.tools.kv_budget import KvBudget
 from vllm_kimi_k3_moe.tools.plan.public_layouts import PublicLayout
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
 from vllm_kimi_k3_moe.tools.topology import Serving, Topology
@@ -128,11 +130,12 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} bytes "
             f"per token on every GPU ({kv.mla_layers} MLA layers), plus",
             f"the state of {kv.kda_layers} KDA layers per sequence, split by TP.",
+            *_indexer_note(kv),
         ]
     return "\n".join(
         [
-            f"Kimi-K3 per GPU: {format_title or d.format.title} on {d.backend}, "
-            f"{layers} MoE layers, GB = 10^9 bytes",
+            f"Kimi-K3 per GPU on {VLLM}: {format_title or d.format.title} on "
+            f"{d.backend}, {layers} MoE layers, GB = 10^9 bytes",
             "",
             *_render(groups, rows),
             "",
@@ -200,8 +203,8 @@ def table(
     lines = [
         title
         or (
-            f"Kimi-K3 per GPU: {format_title or d.format.title} on {d.backend}, "
-            "GB = 10^9 bytes"
+            f"Kimi-K3 per GPU on {VLLM}: {format_title or d.format.title} on "
+            f"{d.backend}, GB = 10^9 bytes"
             + (f", {budget.gpu_memory_gib:g} GiB GPUs" if budget else "")
         ),
         "",
@@ -224,7 +227,18 @@ def table(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence."
         )
+        lines += _indexer_note(kv)
     return "\n".join(lines + _dcp_note(plans) + _draft_note(plans))
+
+
+def _indexer_note(kv: KvCacheShape) -> list[str]:
+    """What DSA layers add to the KV cache, where the model has them."""
+    if not kv.dsa_layers:
+        return []
+    return [
+        f"{kv.dsa_layers} of the MLA layers are DSA layers: their indexers' keys "
+        f"add {kv.indexer_bytes_per_token:,} B per token."
+    ]
 
 
 def _draft_note(plans: Sequence[DeploymentPlan]) -> list[str]:
@@ -244,18 +258,38 @@ def _draft_note(plans: Sequence[DeploymentPlan]) -> list[str]:
     ]
 
 
-def _fits_note(budget: GpuBudget, serving: Serving, rest: str) -> list[str]:
-    """What "fits" means, in the rows' GB (the options are in GiB), then
-    ``rest``; wrapped to 80 columns."""
+def _fits_note(budget: KvBudget, serving: Serving, rest: str) -> list[str]:
+    """What "fits" means on the installed vLLM, in the rows' GB (the
+    options are in GiB), then ``rest``; wrapped to 80 columns."""
+    share = "--gpu-memory-utilization"
+    if not budget.utilization_given:
+        share = f"{VLLM}'s default {share}"
+    sizing = ""
+    if budget.after_warmup:
+        sizing = (
+            " and sizes the KV cache from the memory it measures after warmup "
+            "(its extensible KV cache)"
+        )
+    if budget.reserve_given:
+        made = "as given"
+    elif budget.after_warmup:
+        made = (
+            f"an estimate: CUDA context and NCCL {CONTEXT_GIB:g} GiB, "
+            f"activations and CUDA graphs {ACTIVATIONS_GIB:g} GiB, which vLLM "
+            "measures at start-up, and the margin vLLM keeps beside them"
+        )
+    else:
+        made = "an estimate"
+    taken = "all" if budget.utilization == 1 else f"{budget.utilization:g}"
     return textwrap.wrap(
-        f"fits: vLLM takes {budget.utilization:g} of each GPU "
-        f"(--gpu-memory-utilization: {budget.requested_bytes / GB:.1f} GB of "
-        f"{budget.gpu_memory_gib:g} GiB), less the weights and a "
-        f"{budget.reserve_bytes / GB:.1f} GB reserve (--reserve-gib "
-        f"{budget.reserve_gib:g}, an estimate); the rest is KV cache, {rest} "
-        "It fits when that holds one request of --max-model-len "
-        f"{serving.max_model_len}.",
+        f"fits: vLLM takes {taken} of each GPU ({share}: "
+        f"{budget.requested_bytes / GB:.1f} GB of {budget.gpu_memory_gib:g} "
+        f"GiB){sizing}, less the weights and a {budget.reserve_bytes / GB:.1f} "
+        f"GB reserve (--reserve-gib {budget.reserve_gib:.3g}, {made}); the "
+        f"rest is KV cache, {rest} It fits when that holds one request of "
+        f"--max-model-len {serving.max_model_len}.",
         80,
+        break_on_hyphens=False,  # an option stays on one line
     )
 
 

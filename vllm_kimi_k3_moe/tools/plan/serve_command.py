@@ -38,7 +38,8 @@ def serve_commands(
 ) -> list[str]:
     """The ``vllm serve`` line of each node that runs ``deployment`` on
     nodes of ``gpus_per_node`` GPUs (one line on one node), served as
-    ``serving`` says, at ``budget``'s ``--gpu-memory-utilization``, with
+    ``serving`` says, at ``budget``'s ``--gpu-memory-utilization`` where
+    one was given (else vLLM's default), with
     ``--speculative-config`` as given (vLLM's JSON)."""
     arguments = _layout_and_serving(
         deployment, serving, budget, model, speculative_config
@@ -90,7 +91,9 @@ def _layout_and_serving(
     if serving.kv_cache_dtype != "auto":
         arguments += ["--kv-cache-dtype", serving.kv_cache_dtype]
     arguments += ["--max-model-len", str(serving.max_model_len)]
-    if budget is not None:
+    # only as asked: unset, vLLM resolves its own default, which plan sized
+    # with (and with its extensible KV cache vLLM advises leaving it unset)
+    if budget is not None and budget.utilization is not None:
         arguments += ["--gpu-memory-utilization", f"{budget.utilization:g}"]
     if serving.language_model_only:
         arguments.append("--language-model-only")

@@ -15,7 +15,7 @@ from typing import Any
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, ModelAllocation
 from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape, KvCapacity
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.kv_budget import KvBudget
 from vllm_kimi_k3_moe.tools.nodes import NodeSplit
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
@@ -120,7 +120,7 @@ class DeploymentPlan:
     nodes: NodeSplit
     speculative_config: dict[str, Any] | None = None  # as given, and sized
     not_counted: tuple[str, ...] = ()  # what vllm serve holds that is not here
-    budget: GpuBudget | None = None
+    budget: KvBudget | None = None  # the GPU as vLLM shares it out
     upstream_kv: KvCapacity | None = None
     fixed_kv: KvCapacity | None = None
 
@@ -209,10 +209,7 @@ class DeploymentPlan:
         if self.budget is not None:
             assert self.fixed_kv is not None
             alone = self.upstream_kv  # None: vLLM alone cannot build it
-            document["gpu"] = {
-                **asdict(self.budget),
-                "requested_bytes": self.budget.requested_bytes,
-            }
+            document["gpu"] = self.budget.to_dict()
             document["kv_cache"] = {
                 "upstream_tokens": alone.tokens if alone else 0,
                 "fixed_tokens": self.fixed_kv.tokens,
