@@ -23,8 +23,8 @@ from typing import Any
 
 from vllm_kimi_k3_moe.tools.build.draft import speculative_config
 from vllm_kimi_k3_moe.tools.build.stand_ins import (
-    cuda_graph_capture_sizes,
     cuda_extensible_kv_cache,
+    cuda_graph_capture_sizes,
     cuda_hybrid_kv_cache,
     the_serving_gpus_capability,
 )
