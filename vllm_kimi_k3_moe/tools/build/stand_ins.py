@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from vllm_kimi_k3_moe.compat import extensible_kv_cache_resolver
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.patching import replaced_attributes
 from vllm_kimi_k3_moe.tools.topology import Deployment
@@ -361,7 +362,6 @@ def cuda_extensible_kv_cache() -> Iterator[None]:
     as there. A CPU box's platform does not support it, and vLLM would size
     the KV cache as it does without it. The rest of the config is made with
     the real platform's answers. Holds no parameters."""
-    from vllm_kimi_k3_moe.compat import extensible_kv_cache_resolver
 
     name = extensible_kv_cache_resolver()
     if name is None:
