@@ -13,7 +13,9 @@ the plugin logs instead of patching.
 
 from __future__ import annotations
 
+import inspect
 from importlib import metadata
+from importlib.util import find_spec
 from typing import Any
 
 # The one place the supported vLLM releases are named. The patches rewrite
@@ -94,8 +96,6 @@ def marlin_int8_activations_exist() -> bool:
     """vLLM 0.34 removed Marlin's INT8/FP8-activation path
     (``VLLM_MARLIN_INPUT_DTYPE``; ``is_a_8bit`` in Marlin's permutations,
     ``input_dtype`` in the integer MoE preparation); 0.33 has it."""
-    import inspect
-
     from vllm.model_executor.layers.quantization.utils import marlin_utils
 
     permute = inspect.signature(marlin_utils.marlin_permute_scales)
@@ -156,3 +156,21 @@ def resolved_gpu_memory_utilization(cache_config: Any) -> float:
     if resolved is None:
         return cache_config.gpu_memory_utilization
     return cache_config.resolved_gpu_memory_utilization
+
+
+def lut_b_online_quantization_exists() -> bool:
+    """vLLM 0.34 added online LUT-B quantization of MoE experts
+    (``--quantization lut_b_moe``: ``LutBOnlineMoEMethod``,
+    ``quantization/online/lut_b.py``); 0.33 has none."""
+    return find_spec("vllm.model_executor.layers.quantization.online.lut_b") is not None
+
+
+def moe_padding_fill_params(experts: Any) -> list[str] | None:
+    """The parameters of a ``RoutedExperts`` layer a direct-mode reload
+    zero-fills whole before it writes the checkpoint's bytes: vLLM 0.34 added
+    ``RoutedExperts.padding_fill_params`` (read when the checkpoint layout is
+    recorded, ``reload/direct.py``; non-empty only where the layer records
+    fewer rows held than it allocates); 0.33 has no direct-mode reload
+    (None)."""
+    fill = getattr(experts, "padding_fill_params", None)
+    return None if fill is None else fill()
