@@ -410,11 +410,13 @@ def loaded_bf16(layer: PreparedLayer, rank: Rank) -> tuple[Any, Any]:
     return torch.stack(w13), torch.stack(w2)
 
 
+def kernel_names(method: Any) -> tuple[str, ...]:
+    """The kernel ``method`` runs (``partition.kernel_of``), by name."""
+    return tuple(getattr(part, "__name__", str(part)) for part in kernel_of(method))
+
+
 def kernel(quantized: QuantizedRank) -> tuple[str, ...]:
-    return tuple(
-        getattr(part, "__name__", str(part))
-        for part in kernel_of(quantized.experts.quant_method)
-    )
+    return kernel_names(quantized.experts.quant_method)
 
 
 def refusal(quantized: QuantizedRank) -> str:

@@ -39,6 +39,7 @@ from tests.models.kimi_k3.preparation.online import (
     QuantizedRank,
     gpu_of,
     kernel,
+    kernel_names,
     quantize_rank,
     refusal,
     what_is_wrong,
@@ -47,7 +48,6 @@ from tests.models.kimi_k3.preparation.online_builds import (
     build_alone,
     experts_method_of_flags,
 )
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
 from vllm_kimi_k3_moe.tools.build.rank import Rank
 from vllm_kimi_k3_moe.tools.topology import Topology
 
@@ -172,11 +172,9 @@ def test_the_kernels_are_every_one_vllm_alone_builds(kimi_model, path):
             continue
         experts = build_alone(kimi_model, path, backend, Topology(1))
         if experts is not None:
-            kernel_name = tuple(
-                getattr(p, "__name__", str(p)) for p in kernel_of(experts.quant_method)
-            )
-            assert kernel_name[0] == path.method, backend
-            built.setdefault(kernel_name, backend)
+            names = kernel_names(experts.quant_method)
+            assert names[0] == path.method, backend
+            built.setdefault(names, backend)
     assert sorted(built.values()) == sorted(path.backends)
 
 
