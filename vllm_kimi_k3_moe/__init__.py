@@ -17,8 +17,10 @@ ledger entry; each applies and reverts on its own):
     preparation (its format's rule in ``vllm_kimi_k3_moe.formats``, or one
     learned from the method), never more than vLLM alone's kernel keeps, on
     vLLM alone's kernel, whole scale groups per GPU where the even slice
-    splits one, with a zero pad; a method without any rule keeps vLLM
-    alone's partition. Delete with the model patch.
+    splits one, with a zero pad and the rows each GPU holds recorded; a
+    method without any rule keeps vLLM alone's partition, and so does an
+    online method (quantizing BF16 while vLLM loads it), its pads zeroed once
+    loaded, before it quantizes. Delete with the model patch.
 
 ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading``
     ``vllm.models.kimi_k3.nvidia.model.KimiMoE``: its routed-expert

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 from importlib import metadata
+from importlib.util import find_spec
 from typing import Any
 
 # The one place the supported vLLM releases are named. The patches rewrite
@@ -203,3 +204,21 @@ def dsa_topk_indices_buffer(kimi_linear_model: Any) -> Any:
     ``max_num_batched_tokens`` (+ DCP slack) x ``index_topk``), a tensor that
     is not a parameter; ``None`` without DSA layers, and on vLLM 0.33."""
     return getattr(kimi_linear_model, "topk_indices_buffer", None)
+
+
+def lut_b_online_quantization_exists() -> bool:
+    """vLLM 0.34 added online LUT-B quantization of MoE experts
+    (``--quantization lut_b_moe``: ``LutBOnlineMoEMethod``,
+    ``quantization/online/lut_b.py``); 0.33 has none."""
+    return find_spec("vllm.model_executor.layers.quantization.online.lut_b") is not None
+
+
+def moe_padding_fill_params(experts: Any) -> list[str] | None:
+    """The parameters of a ``RoutedExperts`` layer a direct-mode reload
+    zero-fills whole before it writes the checkpoint's bytes: vLLM 0.34 added
+    ``RoutedExperts.padding_fill_params`` (read when the checkpoint layout is
+    recorded, ``reload/direct.py``; non-empty only where the layer records
+    fewer rows held than it allocates); 0.33 has no direct-mode reload
+    (None)."""
+    fill = getattr(experts, "padding_fill_params", None)
+    return None if fill is None else fill()

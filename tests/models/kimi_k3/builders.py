@@ -15,6 +15,9 @@ from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
 
 POISON = 0xA5  # the byte uninitialised memory reads as in these tests
 NAN_BYTE = 0xFF  # NaN in bf16, fp32, fp8 e4m3 and e8m0 alike
+# 3.4e38 in bf16 and fp32 (0x7F7F...): finite, so every quantizer (vLLM's or a
+# stand-in, whatever it does with NaN) takes it as the largest of values
+HUGE_BYTE = 0x7F
 
 # Native MXFP4 (the released checkpoint, rewritten by vLLM) and the
 # compressed-tensors MXFP4 method (other compressed-tensors formats).

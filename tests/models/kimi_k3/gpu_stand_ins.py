@@ -46,12 +46,20 @@ class AttentionStandIn(nn.Module):
         super().__init__()
 
 
+# The allocations whose bytes are left as memory held: ``torch.empty``, and
+# ``torch.empty_strided``, with which vLLM's layerwise loader materialises a
+# parameter an online-quantization method allocated on ``meta``
+# (``reload.meta.materialize_meta_tensor``).
+_UNINITIALISED = (torch.empty, torch.empty_strided)
+
+
 class _FilledEmpty(TorchFunctionMode):
-    """Fills every contiguous CPU tensor ``torch.empty`` returns with one byte.
-    A mode, not a replaced ``torch.empty``: torch's device contexts recognise
-    the constructors they place by identity, and a replacement seen by the
-    first ``torch.device`` block of a process stays in torch's cache (a later
-    ``torch.device("meta")`` then no longer places ``torch.empty``)."""
+    """Fills every contiguous CPU tensor ``torch.empty`` or
+    ``torch.empty_strided`` returns with one byte. A mode, not a replaced
+    ``torch.empty``: torch's device contexts recognise the constructors they
+    place by identity, and a replacement seen by the first ``torch.device``
+    block of a process stays in torch's cache (a later ``torch.device("meta")``
+    then no longer places ``torch.empty``)."""
 
     def __init__(self, byte: int) -> None:
         super().__init__()
@@ -62,7 +70,7 @@ class _FilledEmpty(TorchFunctionMode):
     ) -> Any:
         result = func(*args, **(kwargs or {}))
         if (
-            func is torch.empty
+            func in _UNINITIALISED
             and isinstance(result, Tensor)
             and result.device.type == "cpu"
             and result.dim()
@@ -74,7 +82,8 @@ class _FilledEmpty(TorchFunctionMode):
 
 @contextmanager
 def uninitialised_memory_reads(byte: int) -> Iterator[None]:
-    """``torch.empty`` on the CPU returns tensors whose bytes are ``byte``:
+    """``torch.empty`` and ``torch.empty_strided`` on the CPU return tensors
+    whose bytes are ``byte``:
     what a GPU allocation may hold before anything is written (a CPU often
     hands out zeroed pages instead, which would hide a pad nobody wrote)."""
     with _FilledEmpty(byte):

@@ -1,8 +1,10 @@
 """Every MoE quantization method the installed vLLM defines is accounted for: a
 format of the registry names it, or the suite builds it from a config and the
-plugin learns its partition rule from it (``learned_rule``), or it is not a
-method Kimi-K3's NVIDIA experts can get, for the reason given. A method vLLM
-adds fails here until it is one of the three."""
+plugin learns its partition rule from it (``learned_rule``), or it quantizes
+while loading (online: no rule, vLLM alone's partition, tested in
+``preparation/test_online_quantization.py``), or it is not a method
+Kimi-K3's NVIDIA experts can get, for the reason given. A method vLLM adds
+fails here until it is one of the four."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pkgutil
 
 import pytest
 
+from tests.models.kimi_k3.preparation.online import PATHS
 from vllm_kimi_k3_moe.formats import FORMATS
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
 from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
@@ -39,20 +42,17 @@ NOT_KIMI_K3_ON_NVIDIA = {
     "CompressedTensorsW4A16FlydslMoEMethod": "ROCm gfx950 only",
     "Fp8BlockExpertsAsMxfp4FusedMoE": "ROCm only (VLLM_FP8_MOE_REQUANT=mxfp4)",
 }
-# Methods Kimi-K3 can get from another toolkit's checkpoint or an online
-# --quantization flag, which the suite's quantization space does not build:
-# the chooser learns their rule when vLLM builds them, untested here.
+# Methods an online --quantization flag gives Kimi-K3's experts: built,
+# loaded, quantized and prepared at every layout by
+# preparation/test_online_quantization.py (its PATHS), with no rule.
+ONLINE = {path.method for path in PATHS}
+# Methods Kimi-K3 can get from another toolkit's checkpoint, which the
+# suite's quantization space does not build: the chooser learns their rule
+# when vLLM builds them, untested here.
 NOT_BUILT_BY_THE_SUITE = {
     "CompressedTensorsW8A8Int8MoEMethod",
     "CompressedTensorsW4A8Fp8MoEMethod",
     "HummingMoEMethod",
-    "Fp8PerBlockOnlineMoEMethod",
-    "Fp8PerTensorOnlineMoEMethod",
-    "Fp8PtpcOnlineMoEMethod",
-    "Int8OnlineMoEMethod",
-    "Mxfp4OnlineMoEMethod",
-    "Mxfp8OnlineMoEMethod",
-    "Nvfp4OnlineMoEMethod",
     "QuarkNvfp4MoEMethod",
     "QuarkOCP_MX_MoEMethod",
     "QuarkW4A16Int4MoEMethod",
@@ -63,7 +63,6 @@ NOT_BUILT_BY_THE_SUITE = {
     "INCMxfp4MoEMethod",
     "INCMxfp8MoEMethod",
     "INCARKWNA16MoEMethod",
-    "LutBOnlineMoEMethod",
 }
 # the vLLM series that added a method listed above (the rest: 0.33 or before)
 ADDED_IN = {
@@ -105,7 +104,7 @@ def test_every_vllm_moe_method_is_accounted_for(kimi_model):
     from vllm.version import __version_tuple__
 
     methods = {cls.__name__ for cls in moe_methods() if not known(cls)}
-    listed = set(LEARNED) | set(NOT_KIMI_K3_ON_NVIDIA) | NOT_BUILT_BY_THE_SUITE
+    listed = set(LEARNED) | set(NOT_KIMI_K3_ON_NVIDIA) | NOT_BUILT_BY_THE_SUITE | ONLINE
     assert methods - listed == set(), "methods with neither a known nor a learned rule"
     here = {n for n in listed if ADDED_IN.get(n, (0, 33)) <= __version_tuple__[:2]}
     importable = here - set(NOT_KIMI_K3_ON_NVIDIA)  # those may not import here

@@ -18,6 +18,7 @@ import copy
 import functools
 import json
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,30 @@ def write_model_dir(
     return directory
 
 
+@dataclass(frozen=True)
+class OnlineQuantization:
+    """``vllm serve --quantization NAME`` and ``--quantization-config JSON``:
+    a method that quantizes the checkpoint's weights while vLLM loads them
+    (``fp8_per_block``, ``mxfp4``, ``online`` with ``{"moe": ...}``), alone or,
+    without ``NAME``, over the checkpoint's own ``quantization_config``."""
+
+    quantization: str | None
+    quantization_config: str | None = None  # JSON, as the flag takes it
+
+    def model_config_fields(self) -> dict[str, Any]:
+        """The two ``ModelConfig`` fields, as ``EngineArgs`` resolves the
+        flags (vLLM's ``resolve_quantization_config``)."""
+        from vllm.config.quantization import resolve_quantization_config
+
+        config = self.quantization_config
+        return {
+            "quantization": self.quantization,
+            "quantization_config": resolve_quantization_config(
+                self.quantization, None if config is None else json.loads(config)
+            ),
+        }
+
+
 def _capability_of_the_serving_gpus(on_this_gpu: bool) -> Any:
     """Nothing where the config is for this host's GPU (``selftest``); else
     ``stand_ins.the_serving_gpus_capability``."""
@@ -80,18 +105,25 @@ def _capability_of_the_serving_gpus(on_this_gpu: bool) -> Any:
 
 
 @functools.cache
-def _model_config(model_dir: Path, serving: Serving | None, on_this_gpu: bool) -> Any:
+def _model_config(
+    model_dir: Path,
+    serving: Serving | None,
+    on_this_gpu: bool,
+    online: OnlineQuantization | None = None,
+) -> Any:
     """vLLM's ``ModelConfig`` of the model in ``model_dir``, parsed once (a
     tenth of a second): each ``VllmConfig`` gets a deep copy of it, so no
     config vLLM has seen is used twice. Without serving settings, the
     context length the model's config gives. Unless it is for this host's
-    GPU (``on_this_gpu``), the dtype vLLM resolves is a serving GPU's."""
+    GPU (``on_this_gpu``), the dtype vLLM resolves is a serving GPU's.
+    ``online``: quantized while loading, as its flags say."""
     from vllm.config import ModelConfig
 
     with _capability_of_the_serving_gpus(on_this_gpu):
         return ModelConfig(
             model=str(model_dir),
             skip_tokenizer_init=True,
+            **({} if online is None else online.model_config_fields()),
             **(
                 {}
                 if serving is None
@@ -143,6 +175,7 @@ def rank_vllm_config(
     device: str = "cpu",
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     speculative: dict[str, Any] | None = None,
+    online: OnlineQuantization | None = None,
 ) -> Any:
     """A fresh ``VllmConfig`` (and ``ModelConfig``: vLLM's model hooks run
     once per one, and vLLM refuses two layers of one name under one
@@ -152,7 +185,8 @@ def rank_vllm_config(
     given), on ``device`` (``selftest`` builds on ``cuda`` where it has a
     GPU), the nodes of ``gpus_per_node`` GPUs launched as ``parallel_config``
     says, with ``--speculative-config speculative`` (``draft.for_vllm``'s)
-    if given. Built for GPUs that are not this host's (any device but
+    if given, quantizing while it loads as ``online`` says if given. Built
+    for GPUs that are not this host's (any device but
     ``cuda``), vLLM's checks see a serving GPU's compute capability
     (``stand_ins.the_serving_gpus_capability``); everywhere, a platform that
     keeps the hybrid KV-cache manager on, as CUDA's does
@@ -168,7 +202,7 @@ def rank_vllm_config(
     )
 
     on_this_gpu = device == "cuda"
-    model_config = copy.deepcopy(_model_config(model_dir, serving, on_this_gpu))
+    model_config = copy.deepcopy(_model_config(model_dir, serving, on_this_gpu, online))
     serving = serving or Serving(max_model_len=model_config.max_model_len)
     parallel = parallel_config(topology, gpus_per_node)
     with (

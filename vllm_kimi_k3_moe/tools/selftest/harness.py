@@ -28,7 +28,10 @@ import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.formats import CheckpointFormat, format_named, recognise
 from vllm_kimi_k3_moe.patching import replaced_attributes, upstream_class
 from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+from vllm_kimi_k3_moe.tools.build.vllm_config import (
+    OnlineQuantization,
+    rank_vllm_config,
+)
 from vllm_kimi_k3_moe.tools.check.layout import MODELOPT_CONFIG_FILE
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
     ExpertCheckpoint,
@@ -71,13 +74,15 @@ class SelftestUnusable(ValueError):
 class SelftestCase:
     """One selftest: a format (its ``quantization_config``: the published
     one unless given), a layout, a kernel, Kimi-K3's MoE fields (or a
-    ``config.json``'s)."""
+    ``config.json``'s), and the flags of a method quantizing while vLLM loads
+    (``online``; the format is then the checkpoint's, BF16)."""
 
     quantization: str  # a ``formats`` name
     topology: Topology
     backend: str = "marlin"
     text_config: dict[str, Any] = field(default_factory=lambda: KIMI_K3_MOE_FIELDS)
     quantization_config: dict[str, Any] | None = None  # None: the published
+    online: OnlineQuantization | None = None  # quantized while loading
 
     def config(self) -> dict[str, Any] | None:
         if self.quantization_config is not None:
@@ -183,7 +188,11 @@ def loaded_rank(
     topology = rank.topology
     with simulated_rank(rank), path.selection(case.deployment(topology)):
         vllm_config = rank_vllm_config(
-            layer.model_dir, topology, case.backend, device=path.device.type
+            layer.model_dir,
+            topology,
+            case.backend,
+            device=path.device.type,
+            online=case.online,
         )
         with (
             set_current_vllm_config(vllm_config),

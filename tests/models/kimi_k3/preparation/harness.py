@@ -182,6 +182,10 @@ class PreparedOnCpu:
         return self.reference.selection(deployment)
 
     def prepare(self, model: Any, fmt: str, vllm_config: Any) -> RankKernel:
+        from vllm.model_executor.model_loader.base_loader import _has_online_quant
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_processing,
+        )
         from vllm.model_executor.model_loader.utils import (
             process_weights_after_loading,
         )
@@ -194,6 +198,11 @@ class PreparedOnCpu:
             stand_ins.on_cpu(),
             one_gpu_for_the_data_parallel_group(experts.quant_method.moe),
         ):
+            # as BaseModelLoader.load_model: a layer quantized while loading
+            # whose pads were never loaded (its loader's count stops short of
+            # the allocation) is materialised and quantized here
+            if _has_online_quant(experts):
+                finalize_layerwise_processing(experts, vllm_config.model_config)
             process_weights_after_loading(
                 experts, vllm_config.model_config, self.device
             )

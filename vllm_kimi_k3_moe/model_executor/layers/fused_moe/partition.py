@@ -45,6 +45,7 @@ from vllm_kimi_k3_moe.formats.record import (
     whole_group_partition,
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.learned_rule import learned_rule
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import KimiMoEBuild
 from vllm_kimi_k3_moe.patching import replaced_attributes
 
@@ -164,6 +165,13 @@ def rule_of(method: Any, config: Any) -> PartitionRule | None:
     return fmt.partition_rule if fmt else learned_rule(method, config)
 
 
+def _no_rule(method: Any) -> str:
+    """Why ``method`` keeps vLLM alone's partition (it has no rule)."""
+    if is_online(method):
+        return "quantized while loading (online): vLLM alone's partition"
+    return "no rule for this method: vLLM alone's partition"
+
+
 def _quietly(candidates: Iterator[int]) -> Iterator[int]:
     """``candidates`` drawn with vLLM's logging held back (the checks a rule
     calls may warn of a pad the plugin's partition then avoids), handed out
@@ -244,9 +252,7 @@ class LayoutChooser:
         method = reference.method
         rule = rule_of(method, self.config)
         if rule is None:
-            return self._keep(
-                alone, "no rule for this method: vLLM alone's partition, zeroed"
-            )
+            return self._keep(alone, _no_rule(method))
         upstream = limit = refused = None
         if alone.built:
             upstream = self.round_up(method, alone.layout.allocated)

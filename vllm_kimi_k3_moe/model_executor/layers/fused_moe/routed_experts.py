@@ -1,6 +1,7 @@
 """Kimi-K3 routed experts: each quantization method is built for its kernel's
 smallest per-GPU partition, never more than vLLM alone allocates, with zero
-pads and whole scale groups on every GPU.
+pads (zeroed once loaded, for a method quantizing while vLLM loads), the rows
+each GPU holds recorded, and whole scale groups on every GPU.
 
 Patch ledger entry
 ------------------
@@ -12,8 +13,10 @@ Replaces
     ``FusedMoEConfig`` partition fields), builds the quantization method for
     it, and sets two instance attributes on that method,
     ``maybe_roundup_sizes`` and ``create_weights``, which defer to the
-    method's own (and, where a GPU holds whole INT scale groups, one on the
-    layer: ``_load_model_weight_or_group_weight_scale``). Every other model's
+    method's own (for an online method a third,
+    ``process_weights_after_loading``: ``online``; and, where a GPU holds
+    whole INT scale groups, one on the layer:
+    ``_load_model_weight_or_group_weight_scale``). Every other model's
     layers, and these methods outside the build, behave as upstream.
 Why
     With the model-level padding gone (``vllm_kimi_k3_moe.models.kimi_k3.
@@ -28,7 +31,21 @@ Why
     96 or 192: they raise, or fall back to another kernel. Where the slice
     splits a scale group, a GPU would load another GPU's scales. And vLLM
     alone's pads are uninitialised memory for the methods that allocate with
-    ``torch.empty``: the kernel multiplies through them.
+    ``torch.empty``: the kernel multiplies through them. The online methods
+    (a BF16 checkpoint with ``--quantization fp8_per_block``, ``mxfp4``,
+    ``fp8_per_tensor``, ``fp8_per_channel``, ``mxfp8``, ``int8...``,
+    ``nvfp4_per_token``, or ``--quantization-config '{"moe": ...}'``)
+    allocate on ``meta`` and quantize once vLLM's layerwise loader has
+    materialised and loaded the weights: on vLLM 0.33 the pads are then
+    whatever the memory held, zeroed only by the methods with
+    ``_zero_padding`` (FP8 per block, MXFP4) and only past the rows the
+    layer records it holds, which vLLM alone's ``KimiMoE`` sets to
+    ``moe_intermediate_size`` / TP after construction (192 at TP16 x DP2,
+    where a GPU holds 96 of a 128-row allocation), and which the layout kept
+    as vLLM alone's would leave at the allocation (nothing zeroed). A pad
+    read from reused memory enters a per-tensor, per-row or per-block
+    maximum (FP8 per block at TP16: every real row off by 0.58) or
+    dequantizes to what it held.
 How
     ``partition.LayoutChooser`` first builds the method as vLLM alone would
     (for the model-level size it would have been handed), then searches,
@@ -44,25 +61,42 @@ How
     is the one the method's constructor leaves (native FP8 pads to whole
     blocks itself). A method without any rule keeps vLLM alone's layout.
     Where vLLM alone fails and no partition builds, vLLM alone's error is
-    raised. Then
+    raised. An online method has no rule (what its ``create_weights``
+    allocates is the BF16 it loads, not its format): vLLM alone's layout,
+    on vLLM alone's kernel. Then
     ``maybe_roundup_sizes`` answers the chosen partition, ``create_weights``
-    zero-fills the per-expert tensors before any weight is loaded (the
-    loader writes only checkpoint rows), and a whole-group INT layer's pads
-    keep scale 0 (vLLM's loader would give them 1; an INT zero code is not
-    zero). Each process logs one line per method, backend and partition.
+    records in the layer's ``FusedMoEConfig`` the rows the GPU holds (its
+    even slice of the checkpoint, where it does not hold whole groups:
+    ``intermediate_size_per_partition_unpadded``, as vLLM alone's
+    ``KimiMoE`` does after construction, over TP x DP) and zero-fills the
+    per-expert tensors before any weight is loaded (the loader writes only
+    checkpoint rows), or, for an online method, gives it a
+    ``process_weights_after_loading`` that zeroes the pad rows with the
+    method's own ``_zero_padding`` once the weights are materialised and
+    loaded, before the method quantizes them (``online``); a whole-group INT
+    layer's pads keep scale 0 (vLLM's loader would give them 1; an INT zero
+    code is not zero). Each process logs one line per method, backend and
+    partition (it claims no zeroing), and one when an online layer's pads
+    were zeroed.
 Related PR
     The same vLLM PR as the model patch: "Kimi-K3 NVIDIA: delegate regular
     FusedMoE padding to the selected quantization backend" (its backends must
-    own their padding; in 0.33.0 and 0.34.0 not all do), and #50928 (padding from the
-    real shard count, TP x DP x PCP: "TP8 x DP4, no EP: real shards 32").
+    own their padding; in 0.33.0 and 0.34.0 not all do), #50928 (padding
+    from the real shard count, TP x DP x PCP: "TP8 x DP4, no EP: real shards
+    32"), and vLLM 0.34's zeroing of tensors the layerwise loader
+    materialises (``reload/meta.py``; not in 0.33).
 Delete when
     Together with the model patch, once every method Kimi-K3 is published for
     pads for its own kernel, for the layer's real shard count, in the vLLM
     release that ships that PR (the plugin refuses anything but vLLM 0.33.x
-    and 0.34.x).
+    and 0.34.x); the online part needs that release's ``KimiMoE`` to record
+    the rows over TP x DP and its layerwise loader to zero what it
+    materialises (0.34's does).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
-    whole test suite on each.
+    whole test suite on each (the online paths:
+    ``tests/models/kimi_k3/preparation/test_online_quantization.py``). On
+    0.34 the online zeroing finds the pads zero already at a cold start.
 """
 
 from __future__ import annotations
@@ -75,6 +109,11 @@ from typing import Any
 
 import torch
 
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import (
+    is_online,
+    pad_rows,
+    zero_pads_before_quantizing,
+)
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     Chosen,
     LayoutChooser,
@@ -145,13 +184,46 @@ def _install(method: Any, build: KimiMoEBuild, chosen: Chosen) -> None:
         if current_kimi_moe_build() is not build:
             return
         layer.kimi_k3_partition = choice  # what the tools report of it
-        if choice.allocated != choice.logical or chosen.layout.whole_groups:
+        if not chosen.layout.whole_groups:
+            record_rows_held(layer.moe_config, choice.logical)
+        if is_online(method):  # on meta until loaded: zeroed before quantizing
+            zero_pads_before_quantizing(method, functools.partial(_log_zeroed, choice))
+        elif choice.allocated != choice.logical or chosen.layout.whole_groups:
             zero_expert_tensors(layer)
         if chosen.layout.whole_groups and chosen.zero_pad_scales:
             _pads_keep_zero_scales(layer)
 
     method.maybe_roundup_sizes = maybe_roundup_sizes
     method.create_weights = create_weights
+
+
+def record_rows_held(config: Any, logical: int) -> None:
+    """Record in the layer's ``FusedMoEConfig`` the checkpoint rows of every
+    expert this GPU holds (its even slice, ``logical``: what vLLM's loader
+    writes), as vLLM alone's ``KimiMoE`` does after construction where it
+    padded the partition. vLLM alone records ``moe_intermediate_size`` / TP
+    there, which is more than the GPU holds under data parallelism (TP16 x
+    DP2: 192 of a 128-row allocation; each GPU holds 96); kept as built, the
+    chooser's record of vLLM alone's partition would say every allocated row
+    is held. Who reads it: the online methods' ``_zero_padding`` (zeroes past
+    it), the unquantized method's pad zeroing, vLLM 0.34's
+    ``padding_fill_params`` (what a direct-mode reload zero-fills)."""
+    config.intermediate_size_per_partition_unpadded = min(
+        logical, config.intermediate_size_per_partition
+    )
+
+
+def _log_zeroed(choice: PartitionChoice, layer: torch.nn.Module) -> None:
+    """Say once per process what an online method's pad zeroing did."""
+    held, allocated = pad_rows(layer.moe_config)
+    line = (
+        f"vllm-kimi-k3-moe: Kimi-K3 routed experts on {choice.method} "
+        f"({choice.backend}): zeroed pad rows {held}-{allocated - 1} of every "
+        "expert (gate, up and down) once loaded, before the method quantized them"
+    )
+    if line not in _logged:
+        _logged.add(line)
+        logger.info(line)
 
 
 def _kimi_k3_get_quant_method(own: Callable) -> Callable:

@@ -14,12 +14,17 @@ One module per kernel family, each with its own ledger entry per stand-in
 repacks, in the kernel's own tile order through vLLM's Python reference of
 the op), ``deep_gemm`` (DeepGEMM's scale-factor transform and the device
 question vLLM asks before it), ``flashinfer`` (FlashInfer's scale swizzle,
-b12x's capture check, and the ``.cuda()`` of vLLM's own swizzle),
-``humming`` (its repack, a stand-in Hopper, and its tile heuristics asked
-for a few token counts only: the one stand-in for pure Python, there for
-time), ``scaled_fp8`` (vLLM's static FP8 quantization, which computes
-values). Each stand-in exists only inside ``on_cpu()`` (or, for what a
-weight loader asks of a GPU, ``loading()``) and is removed on exit. A
+b12x's capture check and SM count, and the ``.cuda()`` of vLLM's own
+swizzle), ``humming`` (its repack, a stand-in Hopper, and its tile
+heuristics asked for a few token counts only: the one stand-in for pure
+Python, there for time), ``scaled_fp8`` (vLLM's static FP8 quantization,
+which computes values), ``online_quantizers`` (the online methods' GPU
+quantizers, as vLLM's torch references: they compute values),
+``collectives`` (the all-reduce of online quantization's maxima over the
+GPUs sharding an expert: a group of one), ``torch_compile`` (compiled
+functions run as their Python). Each stand-in exists only inside
+``on_cpu()`` (or, for what a weight loader asks of a GPU, ``loading()``)
+and is removed on exit. A
 stand-in for a repack or a layout transform (a pure rearrangement of the
 same values into the kernel's order) keeps every value, so that a test can
 read the tensor back in the layout it had before (each module's
@@ -34,23 +39,47 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 from tests.models.kimi_k3.preparation.stand_ins import (
+    collectives,
     deep_gemm,
     flashinfer,
     humming,
     marlin,
+    online_quantizers,
     scaled_fp8,
+    torch_compile,
 )
 
-FAMILIES = (marlin, deep_gemm, flashinfer, humming, scaled_fp8)
+FAMILIES = (
+    marlin,
+    deep_gemm,
+    flashinfer,
+    humming,
+    scaled_fp8,
+    online_quantizers,
+    collectives,
+    torch_compile,
+)
+
+
+_active: list[None] = []  # on_cpu blocks entered and not left
 
 
 @contextmanager
 def on_cpu() -> Iterator[None]:
-    """Every family's stand-ins, for the block."""
+    """Every family's stand-ins, for the block (once, however nested: an
+    online method may quantize and prepare while a rank is loaded, where the
+    caller entered them, or after, where ``harness.PreparedOnCpu`` does)."""
+    if _active:
+        yield
+        return
     with ExitStack() as stack:
         for family in FAMILIES:
             stack.enter_context(family.stand_ins())
-        yield
+        _active.append(None)
+        try:
+            yield
+        finally:
+            _active.pop()
 
 
 @contextmanager

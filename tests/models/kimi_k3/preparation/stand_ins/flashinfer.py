@@ -22,6 +22,10 @@ MXFP4 and CUTLASS preparations, kept as values.
     the TRT-LLM experts' constructors (``trtllm_nvfp4_moe``,
     ``trtllm_mxfp4_moe``) put their per-expert SiTU constants on the current
     device: ``"cpu"`` here.
+``torch.cuda.get_device_properties`` (b12x's ``_make_workspace``)
+    b12x's MXFP4 preparation (``prepare_w4a16_fp4_e8m0_k32_weights``) sizes
+    a zeroed int32 scratch buffer by the GPU's SM count; it holds no weight.
+    The stand-in answers a B200's 148 SMs.
 ``fused_moe.b12x._is_current_stream_capturing``
     ``B12xExperts`` refuses to prepare weights while a CUDA graph is being
     captured, asking the CUDA driver (``torch.cuda.is_current_stream_capturing``,
@@ -103,6 +107,16 @@ def _identity(tensor: Any, *args: Any, **kwargs: Any) -> Any:
     return tensor
 
 
+B200_SMS = 148
+
+
+def _b200(device: Any = None) -> Any:
+    """What b12x reads of ``torch.cuda.get_device_properties``."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(multi_processor_count=B200_SMS)
+
+
 @contextmanager
 def stand_ins() -> Iterator[None]:
     """The swizzle wherever vLLM imports it from, ``.cuda()``, the current
@@ -133,6 +147,9 @@ def stand_ins() -> Iterator[None]:
             stack.enter_context(
                 replaced_attributes(b12x, _is_current_stream_capturing=lambda: False)
             )
+        stack.enter_context(
+            replaced_attributes(torch.cuda, get_device_properties=_b200)
+        )
         stack.enter_context(replaced_attributes(torch.Tensor, cuda=_identity))
         stack.enter_context(
             replaced_attributes(torch.accelerator, current_device_index=lambda: "cpu")

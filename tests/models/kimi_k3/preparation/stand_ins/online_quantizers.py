@@ -1,0 +1,140 @@
+"""The GPU quantizers of vLLM's online MoE methods, as torch that computes the
+same format.
+
+Each computes new values (none is a rearrangement): the tests hold what the
+method quantized to the BF16 it loaded within the format's error, and its
+pads to zero, never to a stand-in's formula.
+
+``mxfp4_utils.downcast_to_mxfp`` (``mxfp4_quantize``: online MXFP4)
+    vLLM's Triton kernel ``_downcast_to_mxfp``: per group of 32 values along
+    the last axis an E8M0 scale from the group's largest magnitude, the values
+    rounded to E2M1 and packed two per byte (low nibble first). Triton does
+    not run on a CPU. The stand-in is the torch reference triton_kernels ships
+    of the same conversion (``numerics_details.mxfp.downcast_to_mxfp_torch``),
+    in vLLM's tree; it rounds the scale up where vLLM's kernel rounds it to
+    nearest even (OCP MX), so a value may land one E2M1 step apart.
+``_C::scaled_fp4_quant.out`` (``ops.scaled_fp4_quant``: online NVFP4)
+    csrc: per group of 16 values an FP8 (E4M3) scale of the group's largest
+    magnitude over 6, times the tensor's global scale, the values divided by
+    it and rounded to E2M1, packed two per byte (low nibble first); scales
+    unswizzled, as the online method asks. The stand-in is vLLM's own torch
+    reference of it (``nvfp4_emulation_utils.ref_nvfp4_quant``), packed.
+``_C::dynamic_per_token_scaled_fp8_quant`` (``ops.scaled_fp8_quant`` without
+a scale, per token: online FP8 per channel's w13)
+    csrc: one scale per row (its largest magnitude over FP8's), the row
+    divided by it, rounded to float8_e4m3fn. The stand-in is vLLM's
+    ``QuantFP8.forward_native`` for dynamic per-token scales, the same
+    arithmetic in torch.
+Each is defined only for the block (and only where the op is missing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from vllm_kimi_k3_moe.patching import replaced_attributes
+
+FP4_SCHEMA = (
+    "scaled_fp4_quant.out(Tensor input, Tensor input_scale, "
+    "bool is_sf_swizzled_layout, *, Tensor(a!) output, Tensor(b!) output_scale) "
+    "-> ()"
+)
+PER_TOKEN_FP8_SCHEMA = (
+    "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, "
+    "Tensor! scale, Tensor? scale_ub) -> ()"
+)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitudes of codes 0..7
+
+
+def _downcast_to_mxfp(
+    src_tensor: Any, axis: int, *args: Any, **kwargs: Any
+) -> tuple[Any, Any, tuple[int, ...]]:
+    import torch
+    from vllm.third_party.triton_kernels.numerics_details.mxfp import (
+        downcast_to_mxfp_torch,
+    )
+
+    assert not args and not kwargs, "only mxfp4_quantize's call is stood in"
+    quant, scale = downcast_to_mxfp_torch(src_tensor, torch.uint8, axis)
+    return quant, scale, tuple(scale.shape)
+
+
+def _e2m1_codes(values: Any) -> Any:
+    """E2M1 values (``cast_to_fp4``'s) to their 4-bit codes."""
+    import torch
+
+    magnitudes = torch.tensor(E2M1, dtype=values.dtype)
+    codes = (values.abs().unsqueeze(-1) == magnitudes).to(torch.uint8).argmax(-1)
+    return codes.to(torch.uint8) | ((values < 0).to(torch.uint8) << 3)
+
+
+def _scaled_fp4_quant(
+    input: Any,
+    input_scale: Any,
+    is_sf_swizzled_layout: bool,
+    *,
+    output: Any,
+    output_scale: Any,
+) -> None:
+    import torch
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import (
+        ref_nvfp4_quant,
+    )
+
+    assert not is_sf_swizzled_layout, "online NVFP4 asks for linear scales"
+    values, scales = ref_nvfp4_quant(input, input_scale.float(), 16)
+    codes = _e2m1_codes(values).reshape(input.shape[0], -1, 2)
+    output.copy_(codes[..., 0] | (codes[..., 1] << 4))
+    output_scale.copy_(scales.to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def _dynamic_per_token_scaled_fp8_quant(
+    result: Any, input: Any, scale: Any, scale_ub: Any = None
+) -> None:
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    assert scale_ub is None, "online FP8 per channel gives no upper bound"
+    quant = QuantFP8(
+        static=False, group_shape=GroupShape.PER_TOKEN, compile_native=False
+    )
+    values, scales = quant.forward_native(input)
+    result.copy_(values)
+    scale.copy_(scales)
+
+
+@contextmanager
+def _op(name: str, schema: str, kernel: Any) -> Iterator[None]:
+    import torch
+
+    if hasattr(torch.ops._C, name.split(".")[0]):
+        yield
+        return
+    library = torch.library.Library("_C", "FRAGMENT")
+    try:
+        library.define(schema)
+        library.impl(name, kernel, "CPU")
+        yield
+    finally:
+        library._destroy()
+
+
+@contextmanager
+def stand_ins() -> Iterator[None]:
+    from vllm.model_executor.layers.quantization.utils import mxfp4_utils
+
+    with ExitStack() as stack:
+        stack.enter_context(
+            replaced_attributes(mxfp4_utils, downcast_to_mxfp=_downcast_to_mxfp)
+        )
+        stack.enter_context(_op("scaled_fp4_quant.out", FP4_SCHEMA, _scaled_fp4_quant))
+        stack.enter_context(
+            _op(
+                "dynamic_per_token_scaled_fp8_quant",
+                PER_TOKEN_FP8_SCHEMA,
+                _dynamic_per_token_scaled_fp8_quant,
+            )
+        )
+        yield
