@@ -8,22 +8,19 @@ KV cache (after warmup, or from the start-up profile) are plan's, with
 from __future__ import annotations
 
 import shlex
-import tempfile
-from pathlib import Path
 
 import pytest
 
+from tests.models.kimi_k3.kimi_k3_formats import release_model_dir
 from vllm_kimi_k3_moe import compat
-from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.build.stand_ins import (
     a_cuda_platform_for_the_parser,
     cuda_extensible_kv_cache,
 )
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
+from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
 from vllm_kimi_k3_moe.tools.kv_budget import kv_budget
 from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 DEPLOYMENT = Deployment(8)  # one node: the line has no launch flags
@@ -31,13 +28,7 @@ DEPLOYMENT = Deployment(8)  # one node: the line has no launch flags
 
 @pytest.fixture(scope="module")
 def model_dir(kimi_model):
-    with tempfile.TemporaryDirectory() as directory:
-        yield write_model_dir(
-            KIMI_K3_TEXT_CONFIG,
-            mxfp4.RELEASE.published_quantization_config(),
-            Serving(),
-            Path(directory),
-        )
+    return release_model_dir()
 
 
 def engine_config(line: str):

@@ -99,6 +99,21 @@ def format_model_dir(fmt: str) -> Path:
     )
 
 
+@functools.cache
+def release_model_dir() -> Path:
+    """A weightless model directory of the release as published: Kimi-K3's
+    text config and MXFP4's published quantization config (written once a
+    session)."""
+    directory = Path(_MODEL_DIRS.name) / "release"
+    directory.mkdir()
+    return write_model_dir(
+        KIMI_K3_TEXT_CONFIG,
+        mxfp4.RELEASE.published_quantization_config(),
+        Serving(),
+        directory,
+    )
+
+
 def format_vllm_config(rank: Rank | Topology, fmt: str, moe_backend: str) -> Any:
     """A fresh ``VllmConfig`` for one rank of a topology serving Kimi-K3's
     routed experts in ``fmt`` with ``--moe-backend moe_backend``, as vLLM

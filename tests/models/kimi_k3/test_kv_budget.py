@@ -8,15 +8,13 @@ KV bytes vLLM's own measurement gives for a GPU holding the weights."""
 from __future__ import annotations
 
 import copy
-import tempfile
-from pathlib import Path
 
 import pytest
 
+from tests.models.kimi_k3.kimi_k3_formats import release_model_dir
 from vllm_kimi_k3_moe import compat
-from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools import kv_budget as kv_budget_module
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
+from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
 from vllm_kimi_k3_moe.tools.gpu_budget import (
     ACTIVATIONS_GIB,
     CONTEXT_GIB,
@@ -26,7 +24,6 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
 )
 from vllm_kimi_k3_moe.tools.kv_budget import kv_budget
 from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, Topology
 
 H200_GIB = 141
@@ -39,14 +36,7 @@ WEIGHTS = (75_900_000_000, 136_100_000_000)
 def cache_config(kimi_model):
     """vLLM's ``CacheConfig`` for TP32 serving Kimi-K3, as the tools make it
     for the serving GPUs."""
-    with tempfile.TemporaryDirectory() as directory:
-        model_dir = write_model_dir(
-            KIMI_K3_TEXT_CONFIG,
-            mxfp4.RELEASE.published_quantization_config(),
-            Serving(),
-            Path(directory),
-        )
-        return rank_vllm_config(model_dir, Topology(32), "marlin").cache_config
+    return rank_vllm_config(release_model_dir(), Topology(32), "marlin").cache_config
 
 
 def after_warmup(cache_config) -> bool:
