@@ -118,15 +118,24 @@ def test_on_another_vllm_nothing_is_applied(tmp_path):
             assert not (root / path).exists()
 
 
-def test_the_command_says_which_file_differs_in_one_line(tmp_path):
-    other = fake_vllm(tmp_path, ANOTHER_RELEASE, edit=KIMI_K3_MODEL)
-    result = subprocess.run(
-        [sys.executable, "-m", "upstream.verify_patch", "--vllm", str(other)],
+def verify_patch(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m upstream.verify_patch ARGS`` from the repository, as a user
+    runs it (this process's environment unless ``env``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "upstream.verify_patch", *args],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         check=False,
     )
+
+
+def test_the_command_says_which_file_differs_in_one_line(tmp_path):
+    other = fake_vllm(tmp_path, ANOTHER_RELEASE, edit=KIMI_K3_MODEL)
+    result = verify_patch("--vllm", str(other))
     assert result.returncode == 2
     assert result.stdout == ""
     (line,) = result.stderr.splitlines()
@@ -143,13 +152,8 @@ def test_the_command_stops_in_one_line_on_a_release_with_no_patch(tmp_path):
     (tmp_path / "vllm" / "_version.py").write_text(
         f"__version__ = version = '{ANOTHER_RELEASE}'\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "upstream.verify_patch"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
-        capture_output=True,
-        text=True,
-        check=False,
+    result = verify_patch(
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     )
     assert result.returncode == 2
     assert result.stdout == ""
@@ -205,13 +209,7 @@ def test_the_patch_is_verified_with_the_plugin_off(tmp_path, monkeypatch):
     # apart, so another release's run may have written the shared one.
     cache_root = tmp_path / "vllm-cache"
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(cache_root))
-    result = subprocess.run(
-        [sys.executable, "-m", "upstream.verify_patch", "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = verify_patch("--json")
     report = json.loads(result.stdout[result.stdout.index("\n{") :])
     failed = {name: step for name, step in report["steps"].items() if not step["ok"]}
     assert result.returncode == 0, (failed, report.get("matrix"), result.stdout)
