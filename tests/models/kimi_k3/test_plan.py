@@ -11,6 +11,7 @@ import pytest
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import MXFP4_FORMATS
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
@@ -629,3 +630,26 @@ def test_a_note_is_in_the_rows_unit(kimi_k3_deployment_plans, sized_after_warmup
     if plan.budget.after_warmup != sized_after_warmup:
         pytest.skip(f"not how {VLLM} sizes the KV cache")
     assert plan.reason() == note
+
+
+@pytest.mark.parametrize(
+    ("given", "noted"),
+    [
+        (["--quantization", "nvfp4"], True),  # its preset quantizes them
+        (["--quantization", "fp8-block"], True),
+        (["--quantization", "mxfp4"], False),  # the release's leaves them BF16
+        (["--quantization", "w4a16"], False),
+    ],
+)
+def test_plan_says_what_its_preset_assumes_of_the_adapters(given, noted, capsys):
+    _plan_input(build_parser().parse_args(["plan", *given]))
+    err = capsys.readouterr().err
+    assert ("quantizes the latent adapters" in err) == noted, err
+
+
+def test_a_config_of_its_own_is_sized_without_a_preset_note(tmp_path, capsys):
+    config = {"text_config": KIMI_K3_TEXT_CONFIG}
+    config["quantization_config"] = QUANTIZATION_CONFIGS["nvfp4"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _plan_input(build_parser().parse_args(["plan", "--config", str(tmp_path)]))
+    assert "preset" not in capsys.readouterr().err

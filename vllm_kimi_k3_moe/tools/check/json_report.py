@@ -57,6 +57,12 @@ def as_dict(report: PreflightReport) -> dict[str, Any]:
             "expected": report.expert_tensors_expected,
             "found": report.expert_tensors_found,
         },
+        "adapter_tensors": {
+            "quantized": layout.adapters_quantized,
+            "per_layer": [key for key, _ in layout.adapter_contracts()],
+            "expected": report.adapter_tensors_expected,
+            "found": report.adapter_tensors_found,
+        },
         "per_gpu": _per_gpu(report.shares),
         "summary": {
             "problems": len(problems),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_kimi_k3_moe.compat import VLLM, builds_dsa_layers
 from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
+from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
 from vllm_kimi_k3_moe.tools.cli.common import (
     CONFIG_JSON,
     PROG,
@@ -311,6 +312,22 @@ def _note_kv_options_unused(args: argparse.Namespace) -> None:
         )
 
 
+def _note_preset_adapters(fmt: KimiK3Format) -> None:
+    """Without --config a format is sized from its preset
+    ``quantization_config``; whether that quantizes the latent adapters (on
+    every GPU whole: 9.45 GB in BF16) is the assumption that moves the
+    figures most, and a checkpoint's own config may differ: say which."""
+    if not adapters_quantized(fmt.published_quantization_config(), None):
+        return
+    print(
+        f"plan: note: {fmt.name} is sized from plan's preset config, which "
+        "quantizes the latent adapters (routed_expert_down_proj, up_proj) as "
+        "the experts; a checkpoint that keeps them BF16 holds more on every "
+        "GPU: give its config.json (--config DIR) to size it as it is",
+        file=sys.stderr,
+    )
+
+
 def _plan_input(args: argparse.Namespace) -> PlanInput:
     """Every input error ends the command here, before vLLM's model is
     imported (a --max-model-len is read last, by vLLM's own parser function)."""
@@ -383,6 +400,8 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         print(line, file=sys.stderr)
     if budget is None and not args.json:
         _note_kv_options_unused(args)
+    if quantization_config is None:
+        _note_preset_adapters(fmt)
     return PlanInput(
         text_config,
         fmt.name,
