@@ -24,6 +24,7 @@ from pathlib import Path
 from vllm_kimi_k3_moe.formats import published_checkpoint_formats
 from vllm_kimi_k3_moe.formats.adapters import ADAPTERS
 from vllm_kimi_k3_moe.formats.bf16 import BF16, TENSORS
+from vllm_kimi_k3_moe.formats.layouts import TensorContract
 from vllm_kimi_k3_moe.formats.record import CheckpointFormat
 from vllm_kimi_k3_moe.tools.check.layout import (
     KimiK3Layout,
@@ -40,6 +41,7 @@ from vllm_kimi_k3_moe.tools.check.pruned_layers import (
 from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
     CheckpointDirError,
     CheckpointTensors,
+    HeaderTensor,
     read_checkpoint_tensors,
 )
 from vllm_kimi_k3_moe.tools.check.sharding import (
@@ -157,17 +159,7 @@ def _compare(report: PreflightReport, checkpoint: CheckpointTensors) -> None:
                         shard,
                     )
                 elif not contract.fits(tensor.shape, tensor.dtype):
-                    shard = shard_of[name]
-                    for breach in contract.breaches(tensor.shape, tensor.dtype):
-                        found, expected = breach.found, breach.expected
-                        if breach.kind == "shape":
-                            found, expected = _shape(found), _shape(expected)
-                        log.add(
-                            breach.kind,
-                            name,
-                            f"is {found}, expected {expected} (in {shard})",
-                            shard,
-                        )
+                    _log_breaches(log, name, contract, tensor, shard_of[name])
     report.expert_tensors_found = layout.expected_tensors - missing
     report.expert_bytes = checkpoint.unique_bytes - sum(
         tensor.nbytes for tensor in remaining.values()
@@ -182,6 +174,23 @@ def _compare(report: PreflightReport, checkpoint: CheckpointTensors) -> None:
                 shards[-1],
             )
     _log_unexpected(report, remaining, shard_of)
+
+
+def _log_breaches(
+    log: ProblemLog,
+    name: str,
+    contract: TensorContract,
+    tensor: HeaderTensor,
+    shard: str,
+    why: str = "",
+) -> None:
+    """One problem per way ``tensor`` breaks its contract."""
+    for breach in contract.breaches(tensor.shape, tensor.dtype):
+        found, expected = breach.found, breach.expected
+        if breach.kind == "shape":
+            found, expected = _shape(found), _shape(expected)
+        detail = f"is {found}, expected {expected}{why} (in {shard})"
+        log.add(breach.kind, name, detail, shard)
 
 
 def _compare_adapters(report: PreflightReport, checkpoint: CheckpointTensors) -> None:
@@ -221,16 +230,7 @@ def _compare_adapters(report: PreflightReport, checkpoint: CheckpointTensors) ->
                 )
                 continue
             report.adapter_tensors_found += 1
-            for breach in contract.breaches(tensor.shape, tensor.dtype):
-                found, expected = breach.found, breach.expected
-                if breach.kind == "shape":
-                    found, expected = _shape(found), _shape(expected)
-                log.add(
-                    breach.kind,
-                    name,
-                    f"is {found}, expected {expected}, {how} (in {shard_of[name]})",
-                    shard_of[name],
-                )
+            _log_breaches(log, name, contract, tensor, shard_of[name], f", {how}")
         for key in sorted(known - contracts.keys()):
             if base + key in tensors:
                 log.add(
