@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -14,10 +15,11 @@ from tests.models.kimi_k3.builders import MXFP4_FORMATS
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
+from vllm_kimi_k3_moe.tools.cli.common import _refuse_non_lengths
 from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS, KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Serving
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
@@ -459,6 +461,48 @@ def test_max_model_len_reads_as_vllm_reads_it(vllm_serve_parser, length):
     args = build_parser().parse_args(["plan", "--tp", "8", "--max-model-len", length])
     by_vllm = vllm_serve_parser.parse_args(["--max-model-len", length])
     assert _plan_input(args).serving.max_model_len == by_vllm.max_model_len
+
+
+@pytest.mark.parametrize(
+    "length", ["131072x", "abc", "12 8k", "128kb", "1e5", "0x100", "", "128 K"]
+)
+def test_a_length_refused_before_vllm_is_refused_by_vllm(vllm_serve_parser, length):
+    """What plan refuses before importing vLLM, vLLM's parser refuses too."""
+    with pytest.raises(DeploymentError, match="not a length vLLM takes"):
+        _refuse_non_lengths(length)
+    with pytest.raises(SystemExit):
+        vllm_serve_parser.parse_args(["--max-model-len", length])
+
+
+@pytest.mark.parametrize(
+    "length", ["1_000", "+5", " 12 ", "1.5m", "AUTO", "-1", "1.5K", "0", "25.6k"]
+)
+def test_what_vllm_reads_is_left_to_vllm(vllm_serve_parser, length):
+    """What vLLM reads (or refuses in its own words) reaches vLLM's parser."""
+    _refuse_non_lengths(length)
+
+
+def test_a_length_typo_is_refused_without_importing_vllm():
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from vllm_kimi_k3_moe.tools.cli import main\n"
+            "try:\n"
+            "    main(['plan', '--gpus', '8', '--gpu', 'h200', '--max-model-len', "
+            "'131072x'])\n"
+            "finally:\n"
+            "    print(sorted({'vllm', 'torch'} & set(sys.modules)))\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert imported.returncode == 2
+    assert imported.stdout.strip() == "[]"
+    assert "--max-model-len '131072x' is not a length" in imported.stderr
 
 
 def test_console_script_is_installed_and_fails_fast():

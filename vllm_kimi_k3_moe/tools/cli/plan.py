@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vllm_kimi_k3_moe.compat import VLLM, builds_dsa_layers
 from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
@@ -56,6 +57,8 @@ from vllm_kimi_k3_moe.tools.plan.report import (
     wide_table,
 )
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
+from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
+from vllm_kimi_k3_moe.tools.remembered import CACHE_VARIABLE, remembered
 from vllm_kimi_k3_moe.tools.speculation import Speculation, read_speculative_config
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
@@ -82,6 +85,7 @@ if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 DEFAULT_TP_SIZES = (8, 16, 32)
+T = TypeVar("T")
 
 
 def _gpus() -> str:
@@ -380,7 +384,11 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             args.kv_cache_dtype or default.kv_cache_dtype,
             default.max_model_len
             if args.max_model_len is None
-            else max_model_len(args.max_model_len),
+            # vLLM's own reading, kept: asked again, vLLM is not imported
+            else remembered(
+                ("vLLM's --max-model-len", args.max_model_len),
+                lambda: max_model_len(args.max_model_len),
+            ),
             args.language_model_only,
         )
         validate_serving(serving)
@@ -451,30 +459,98 @@ def _buildable(
     return kept, [f"plan: left out {d.label()}: {error}" for d, error in left_out]
 
 
+class Answers:
+    """The plans of what ``plan`` was asked: kept from before where the same
+    question was answered on the same installation (``remembered``), else
+    worked out by one ``Planner`` (made, importing vLLM, on the first
+    question not kept)."""
+
+    def __init__(self, args: argparse.Namespace, asked: PlanInput) -> None:
+        self._asked = asked
+        self._model = args.model
+        self._gpus_per_node = args.gpus_per_node
+        self._planner: Planner | None = None
+
+    def _question(self, *what: Any) -> tuple[Any, ...]:
+        asked = self._asked
+        return (
+            "plan",
+            asked.text_config,
+            asked.quantization_config,
+            asked.serving,
+            asked.budget,
+            self._model,
+            self._gpus_per_node,
+            asked.speculation,
+            *what,
+        )
+
+    def _worked_out(self, work: Callable[[Planner], T]) -> T:
+        """``work`` on the planner, made on first use (vLLM's output kept
+        off the terminal)."""
+        if self._planner is None:
+            print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
+            asked = self._asked
+            with quiet_vllm():
+                self._planner = Planner(
+                    asked.text_config,
+                    asked.serving,
+                    asked.budget,
+                    self._model,
+                    asked.quantization_config,
+                    self._gpus_per_node,
+                    asked.speculation,
+                )
+        with quiet_vllm():
+            return work(self._planner)
+
+    def advise(self, gpus: int) -> tuple[list[DeploymentPlan], list[str]]:
+        """``Planner.advise`` of ``gpus`` GPUs in the asked format and kernel."""
+        quantization, backend = self._asked.quantization, self._asked.backend
+        return remembered(
+            self._question("advise", gpus, quantization, backend),
+            lambda: self._worked_out(
+                lambda planner: planner.advise(gpus, quantization, backend)
+            ),
+        )
+
+    def plan(self, deployments: list[Deployment]) -> list[DeploymentPlan]:
+        """``Planner.plan`` of each of ``deployments``."""
+        return remembered(
+            self._question("plan", deployments),
+            lambda: self._worked_out(
+                lambda planner: [planner.plan(d) for d in deployments]
+            ),
+        )
+
+    def note_if_kept(self) -> None:
+        """Say (stderr) that no model was built: every answer was kept."""
+        if self._planner is None:
+            print(
+                "plan: asked before on this vLLM, plugin and config: the kept "
+                f"answer, vLLM not imported ({CACHE_VARIABLE}=off builds again)",
+                file=sys.stderr,
+            )
+
+    def close(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+
+
 def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # plan runs vLLM on the meta device only
     asked = _plan_input(args)
-    print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
+    answers = Answers(args, asked)
     try:
-        with quiet_vllm():
-            planner = Planner(
-                asked.text_config,
-                asked.serving,
-                asked.budget,
-                args.model,
-                asked.quantization_config,
-                args.gpus_per_node,
-                asked.speculation,
-            )
-            with planner:
-                if args.gpus is not None:
-                    plans, refused = planner.advise(
-                        args.gpus, asked.quantization, asked.backend
-                    )
-                else:
-                    plans, refused = [planner.plan(d) for d in asked.deployments], []
+        if args.gpus is not None:
+            plans, refused = answers.advise(args.gpus)
+        else:
+            plans, refused = answers.plan(asked.deployments), []
     except (DeploymentError, PlanError, BudgetError) as error:
         fail("plan", str(error))
+    finally:
+        answers.close()
+    answers.note_if_kept()
     _note_dsa_config_unread(asked.text_config)
     if args.json:
         print(as_json(plans))
