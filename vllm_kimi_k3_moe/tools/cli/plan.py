@@ -47,6 +47,7 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
 )
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
 from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
+from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import (
@@ -504,9 +505,13 @@ class Answers:
         with quiet_vllm():
             return work(self._planner)
 
-    def advise(self, gpus: int) -> tuple[list[DeploymentPlan], list[str]]:
-        """``Planner.advise`` of ``gpus`` GPUs in the asked format and kernel."""
-        quantization, backend = self._asked.quantization, self._asked.backend
+    def advise(
+        self, gpus: int, quantization: str | None = None, backend: str | None = None
+    ) -> tuple[list[DeploymentPlan], list[str]]:
+        """``Planner.advise`` of ``gpus`` GPUs in the format and kernel (by
+        default the asked ones)."""
+        quantization = quantization or self._asked.quantization
+        backend = backend or self._asked.backend
         return remembered(
             self._question("advise", gpus, quantization, backend),
             lambda: self._worked_out(
@@ -522,6 +527,9 @@ class Answers:
                 lambda planner: [planner.plan(d) for d in deployments]
             ),
         )
+
+    def plan_one(self, deployment: Deployment) -> DeploymentPlan:
+        return self.plan([deployment])[0]
 
     def note_if_kept(self) -> None:
         """Say (stderr) that no model was built: every answer was kept."""
@@ -541,9 +549,12 @@ def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # plan runs vLLM on the meta device only
     asked = _plan_input(args)
     answers = Answers(args, asked)
+    step: list[str] = []
     try:
         if args.gpus is not None:
             plans, refused = answers.advise(args.gpus)
+            if not fitting(plans):
+                step = _next_step(args, asked, answers, plans)
         else:
             plans, refused = answers.plan(asked.deployments), []
     except (DeploymentError, PlanError, BudgetError) as error:
@@ -579,12 +590,81 @@ def run(args: argparse.Namespace) -> int:
                 public,
                 unmarked,
                 lambda topology: plan_command(args, topology),
+                step,
             )
         )
     else:
         print(table(plans, format_title=asked.quantization_title))
         print(serve_commands(plans))
     return 0
+
+
+def _next_step(
+    args: argparse.Namespace,
+    asked: PlanInput,
+    answers: Answers,
+    plans: list[DeploymentPlan],
+) -> list[str]:
+    """Where no layout of ``--gpus`` fits: the fewest GPUs that fit and the
+    formats that fit (``next_step``), as plan commands."""
+    print(
+        f"plan: no layout of {args.gpus} GPUs fits: sizing more GPUs and other "
+        "formats ...",
+        file=sys.stderr,
+    )
+    step = next_step(
+        plans,
+        args.gpus,
+        args.gpus_per_node,
+        asked.quantization,
+        asked.backend,
+        answers.advise,
+        answers.plan_one,
+        # another format's published config; not where --config declares one
+        other_formats=asked.quantization_config is None,
+    )
+    return next_step_lines(
+        step,
+        args.gpus,
+        asked.gpu_title or "",
+        lambda gpus, **options: advisor_command(args, gpus, **options),
+    )
+
+
+def advisor_command(args: argparse.Namespace, gpus: int, **options: str) -> str:
+    """The advisor's ``plan`` command for ``gpus`` GPUs, every other option
+    as given, ``options`` (``quantization``, ``moe_backend``) replaced."""
+    words = [PROG, "plan", "--gpus", str(gpus)]
+    words += (
+        ["--gpu", args.gpu]
+        if args.gpu
+        else ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
+    )
+    given = {
+        "quantization": args.quantization,
+        "config": args.config,
+        "moe_backend": args.moe_backend
+        if args.moe_backend.lower() != "marlin"
+        else None,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "max_model_len": args.max_model_len,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "reserve_gib": args.reserve_gib,
+        "gpus_per_node": args.gpus_per_node
+        if args.gpus_per_node != DEFAULT_GPUS_PER_NODE
+        else None,
+        "speculative_config": args.speculative_config,
+        "model": args.model if args.model != DEFAULT_MODEL else None,
+    }
+    for name, value in {**given, **options}.items():
+        if name == "moe_backend" and value == "marlin":
+            continue
+        if value is not None:
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            words += [f"--{name.replace('_', '-')}", text]
+    if args.language_model_only:
+        words.append("--language-model-only")
+    return shlex.join(words)
 
 
 def _note_dsa_config_unread(text_config: dict[str, Any]) -> None:

@@ -396,13 +396,14 @@ def advice(
     public: Sequence[PublicLayout] = (),
     unmarked: str = "",
     pick: Callable[[Topology], str] | None = None,
+    next_step: Sequence[str] = (),
 ) -> str:
     """The advisor's answer: the layouts that build, ordered by memory as
     the planner orders them (fitting first, most KV cache first), those run
     in public (``public``) marked (else ``unmarked`` says why none is), then
     the ``vllm serve`` commands of the first few that fit and of the public
     ones that fit, and (``pick``: the plan command that sizes one layout
-    alone) how to get any other's."""
+    alone) how to get any other's; where none fits, ``next_step``'s lines."""
     marked = {layout.topology for layout in public}
     rows = [p for p in plans if _in_table(p)]
     heading = (
@@ -444,7 +445,7 @@ def advice(
                 f"    {pick(example.topology)}",
             ]
     else:
-        lines += ["", "No layout fits: see the note column."]
+        lines += list(next_step) or ["", "No layout fits: see the note column."]
     if refused:
         lines += ["", f"{len(refused)} layouts vLLM refuses to build are left out:"]
         lines += [f"  {line}" for line in refused]
