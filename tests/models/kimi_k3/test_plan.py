@@ -641,3 +641,21 @@ def test_a_note_is_in_the_rows_unit(kimi_k3_deployment_plans, sized_after_warmup
     if plan.budget.after_warmup != sized_after_warmup:
         pytest.skip(f"not how {VLLM} sizes the KV cache")
     assert plan.reason() == note
+
+
+def test_a_shorter_max_model_len_holds_more_requests_and_fewer_tokens(
+    kimi_k3_deployment_plans,
+):
+    """What the tables' note says, as vLLM's own planner sizes it (TP32 on
+    H20s): each request's KDA state is paid whatever its length."""
+    from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+    from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+    from vllm_kimi_k3_moe.tools.plan.planner import Planner
+
+    long = kimi_k3_deployment_plans[32].fixed_kv
+    budget = GpuBudget(gpu_preset("h20").memory_gib)
+    serving = Serving(max_model_len=10_000)
+    with Planner(KIMI_K3_TEXT_CONFIG, serving, budget) as planner:
+        short = planner.plan(Deployment(32)).fixed_kv
+    assert short.concurrency > long.concurrency
+    assert short.tokens < long.tokens
