@@ -51,15 +51,25 @@ CHANGES = {
     "the question": lambda mp, tmp: None,  # asked below with another question
     "vLLM's version": _another_vllm,
     "the plugin's source": _another_plugin_source,
-    "a VLLM_ setting": lambda mp, tmp: mp.setenv("VLLM_USE_DEEP_GEMM", "0"),
+    "a VLLM_ setting": lambda mp, tmp: _another_setting(mp, "VLLM_USE_DEEP_GEMM"),
 }
 
 
+def _another_setting(monkeypatch, name: str) -> None:
+    """Another command, started with ``name`` set."""
+    monkeypatch.setenv(name, "0")
+    kept.vllm_environment.cache_clear()
+
+
 @pytest.fixture(autouse=True)
-def fresh_source_hash():
-    kept.plugin_source_hash.cache_clear()
+def read_afresh():
+    """The source hash and the VLLM_* settings are read once per command;
+    each test is a command of its own."""
+    for read in (kept.plugin_source_hash, kept.vllm_environment):
+        read.cache_clear()
     yield
-    kept.plugin_source_hash.cache_clear()
+    for read in (kept.plugin_source_hash, kept.vllm_environment):
+        read.cache_clear()
 
 
 def test_asked_again_the_kept_answer_is_returned(tmp_path, monkeypatch):
@@ -70,9 +80,23 @@ def test_asked_again_the_kept_answer_is_returned(tmp_path, monkeypatch):
     assert work.runs == 1
     assert again == first
     # logging settings change no answer
-    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    _another_setting(monkeypatch, "VLLM_LOGGING_LEVEL")
     remembered(("plan", 32, "h20"), work)
     assert work.runs == 1
+
+
+def test_what_vllm_sets_while_it_builds_changes_no_key(tmp_path, monkeypatch):
+    """vLLM sets VLLM_* variables itself as it makes a config: an answer
+    worked out after a build is found by a command that builds nothing."""
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path))
+    work = Counted()
+    remembered("first", work)  # this command's settings read here
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")  # as vLLM does
+    remembered("after the build", work)
+    kept.vllm_environment.cache_clear()  # a new command, without it
+    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH")
+    remembered("after the build", work)
+    assert work.runs == 2
 
 
 @pytest.mark.parametrize("change", CHANGES.values(), ids=CHANGES.keys())

@@ -16,9 +16,9 @@ key holds:
   the hash of every file pip installed), torch and transformers (versions),
   read from package metadata: none of them is imported;
 - this plugin's own source (the hash of every file of the package);
-- every ``VLLM_*`` environment variable (vLLM reads its settings from them
-  while it makes a config), except the logging ones, which change no
-  number, and this module's own.
+- every ``VLLM_*`` environment variable the command was started with (vLLM
+  reads its settings from them while it makes a config), except the
+  logging ones, which change no number, and this module's own.
 
 An editable vLLM whose source is changed in place without reinstalling keeps
 its ``RECORD``: set ``VLLM_KIMI_K3_MOE_CACHE=off`` while working on vLLM.
@@ -87,8 +87,13 @@ def _installed(distribution: str) -> str:
     return f"{distribution} {found.version} {hashlib.sha256(record).hexdigest()}"
 
 
+@cache
 def vllm_environment() -> dict[str, str]:
-    """The ``VLLM_*`` variables that can change a build."""
+    """The ``VLLM_*`` variables that can change a build, as the command was
+    started with them: read once, before anything is built, since vLLM sets
+    some itself while it builds (0.33.0: ``VLLM_USE_BREAKABLE_CUDAGRAPH``),
+    and the answers a command works out after its first build are asked
+    again by a command that builds nothing."""
     return {
         name: value
         for name, value in sorted(os.environ.items())
