@@ -26,7 +26,8 @@ def seconds(tree: str, arguments: list[str], kept: str) -> float:
     env.pop(HUMMING_BACKGROUND_BUILDS, None)  # as the tools run
     command = [sys.executable, "-m", "vllm_kimi_k3_moe", *arguments]
     start = time.perf_counter()
-    subprocess.run(command, capture_output=True, check=False, env=env)
+    # run from the tree: ``-m`` puts the working directory first on sys.path
+    subprocess.run(command, capture_output=True, check=False, env=env, cwd=tree)
     return time.perf_counter() - start
 
 
