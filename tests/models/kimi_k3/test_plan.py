@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -15,10 +16,11 @@ from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
+from vllm_kimi_k3_moe.tools.cli.common import _refuse_non_lengths
 from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS, KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Serving
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
@@ -494,6 +496,48 @@ def test_max_model_len_reads_as_vllm_reads_it(vllm_serve_parser, length):
     assert _plan_input(args).serving.max_model_len == by_vllm.max_model_len
 
 
+@pytest.mark.parametrize(
+    "length", ["131072x", "abc", "12 8k", "128kb", "1e5", "0x100", "", "128 K"]
+)
+def test_a_length_refused_before_vllm_is_refused_by_vllm(vllm_serve_parser, length):
+    """What plan refuses before importing vLLM, vLLM's parser refuses too."""
+    with pytest.raises(DeploymentError, match="not a length vLLM takes"):
+        _refuse_non_lengths(length)
+    with pytest.raises(SystemExit):
+        vllm_serve_parser.parse_args(["--max-model-len", length])
+
+
+@pytest.mark.parametrize(
+    "length", ["1_000", "+5", " 12 ", "1.5m", "AUTO", "-1", "1.5K", "0", "25.6k"]
+)
+def test_what_vllm_reads_is_left_to_vllm(vllm_serve_parser, length):
+    """What vLLM reads (or refuses in its own words) reaches vLLM's parser."""
+    _refuse_non_lengths(length)
+
+
+def test_a_length_typo_is_refused_without_importing_vllm():
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from vllm_kimi_k3_moe.tools.cli import main\n"
+            "try:\n"
+            "    main(['plan', '--gpus', '8', '--gpu', 'h200', '--max-model-len', "
+            "'131072x'])\n"
+            "finally:\n"
+            "    print(sorted({'vllm', 'torch'} & set(sys.modules)))\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert imported.returncode == 2
+    assert imported.stdout.strip() == "[]"
+    assert "--max-model-len '131072x' is not a length" in imported.stderr
+
+
 def test_console_script_is_installed_and_fails_fast():
     """The installed command: a bad topology is refused before vLLM is imported."""
     command = shutil.which("vllm-kimi-k3-moe")
@@ -653,3 +697,21 @@ def test_a_config_of_its_own_is_sized_without_a_preset_note(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(config))
     _plan_input(build_parser().parse_args(["plan", "--config", str(tmp_path)]))
     assert "preset" not in capsys.readouterr().err
+
+
+def test_a_shorter_max_model_len_holds_more_requests_and_fewer_tokens(
+    kimi_k3_deployment_plans,
+):
+    """What the tables' note says, as vLLM's own planner sizes it (TP32 on
+    H20s): each request's KDA state is paid whatever its length."""
+    from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+    from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+    from vllm_kimi_k3_moe.tools.plan.planner import Planner
+
+    long = kimi_k3_deployment_plans[32].fixed_kv
+    budget = GpuBudget(gpu_preset("h20").memory_gib)
+    serving = Serving(max_model_len=10_000)
+    with Planner(KIMI_K3_TEXT_CONFIG, serving, budget) as planner:
+        short = planner.plan(Deployment(32)).fixed_kv
+    assert short.concurrency > long.concurrency
+    assert short.tokens < long.tokens

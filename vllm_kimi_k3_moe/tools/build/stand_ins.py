@@ -23,7 +23,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import pkgutil
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -661,3 +663,30 @@ def one_gpu_for_the_data_parallel_group(moe_config: Any) -> Iterator[None]:
     local = dataclasses.replace(parallel, dp_size=1, dp_rank=0)
     with replaced_attributes(moe_config, moe_parallel_config=local):
         yield
+
+
+@contextmanager
+def vllm_without_its_package_initialiser() -> Iterator[None]:
+    """Import ``vllm``'s submodules (``vllm.plugins``, ``vllm.version``,
+    ``vllm.platforms``) without running ``vllm/__init__.py`` first: the
+    package module is made from its spec but not executed. Why: that file
+    imports ``vllm.env_override``, which imports torch and its compiler
+    (inductor, dynamo: 5-10 s idle, more on a loaded host) to set compiler
+    options, none of which vLLM's plugin loader reads (``vllm.plugins``
+    imports only ``vllm.envs``, which is the standard library). ``doctor``
+    asks the loader through it. On exit every ``vllm`` module imported
+    inside is forgotten, so a later ``import vllm`` runs the real
+    initialiser; where vLLM is imported already, nothing is replaced.
+    Re-check: ``vllm/plugins/__init__.py``'s imports."""
+    if "vllm" in sys.modules:
+        yield
+        return
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
+    sys.modules["vllm"] = importlib.util.module_from_spec(spec)
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+            del sys.modules[name]

@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vllm_kimi_k3_moe.compat import VLLM, builds_dsa_layers
 from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
@@ -49,6 +50,7 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
 )
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
 from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
+from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import (
@@ -59,6 +61,8 @@ from vllm_kimi_k3_moe.tools.plan.report import (
     wide_table,
 )
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
+from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
+from vllm_kimi_k3_moe.tools.remembered import CACHE_VARIABLE, remembered
 from vllm_kimi_k3_moe.tools.speculation import Speculation, read_speculative_config
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
@@ -84,6 +88,7 @@ if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 DEFAULT_TP_SIZES = (8, 16, 32)
+T = TypeVar("T")
 
 
 def _gpus() -> str:
@@ -389,7 +394,11 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             args.kv_cache_dtype or default.kv_cache_dtype,
             default.max_model_len
             if args.max_model_len is None
-            else max_model_len(args.max_model_len),
+            # vLLM's own reading, kept: asked again, vLLM is not imported
+            else remembered(
+                ("vLLM's --max-model-len", args.max_model_len),
+                lambda: max_model_len(args.max_model_len),
+            ),
             args.language_model_only,
         )
         validate_serving(serving)
@@ -473,30 +482,108 @@ def served_model(model: str | None, config: Path | None) -> str:
     return DEFAULT_MODEL
 
 
+class Answers:
+    """The plans of what ``plan`` was asked: kept from before where the same
+    question was answered on the same installation (``remembered``), else
+    worked out by one ``Planner`` (made, importing vLLM, on the first
+    question not kept)."""
+
+    def __init__(self, args: argparse.Namespace, asked: PlanInput) -> None:
+        self._asked = asked
+        self._model = served_model(args.model, args.config)
+        self._gpus_per_node = args.gpus_per_node
+        self._planner: Planner | None = None
+
+    def _question(self, *what: Any) -> tuple[Any, ...]:
+        asked = self._asked
+        return (
+            "plan",
+            asked.text_config,
+            asked.quantization_config,
+            asked.serving,
+            asked.budget,
+            self._model,
+            self._gpus_per_node,
+            asked.speculation,
+            *what,
+        )
+
+    def _worked_out(self, work: Callable[[Planner], T]) -> T:
+        """``work`` on the planner, made on first use (vLLM's output kept
+        off the terminal)."""
+        if self._planner is None:
+            print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
+            asked = self._asked
+            with quiet_vllm():
+                self._planner = Planner(
+                    asked.text_config,
+                    asked.serving,
+                    asked.budget,
+                    self._model,
+                    asked.quantization_config,
+                    self._gpus_per_node,
+                    asked.speculation,
+                )
+        with quiet_vllm():
+            return work(self._planner)
+
+    def advise(
+        self, gpus: int, quantization: str | None = None, backend: str | None = None
+    ) -> tuple[list[DeploymentPlan], list[str]]:
+        """``Planner.advise`` of ``gpus`` GPUs in the format and kernel (by
+        default the asked ones)."""
+        quantization = quantization or self._asked.quantization
+        backend = backend or self._asked.backend
+        return remembered(
+            self._question("advise", gpus, quantization, backend),
+            lambda: self._worked_out(
+                lambda planner: planner.advise(gpus, quantization, backend)
+            ),
+        )
+
+    def plan(self, deployments: list[Deployment]) -> list[DeploymentPlan]:
+        """``Planner.plan`` of each of ``deployments``."""
+        return remembered(
+            self._question("plan", deployments),
+            lambda: self._worked_out(
+                lambda planner: [planner.plan(d) for d in deployments]
+            ),
+        )
+
+    def plan_one(self, deployment: Deployment) -> DeploymentPlan:
+        return self.plan([deployment])[0]
+
+    def note_if_kept(self) -> None:
+        """Say (stderr) that no model was built: every answer was kept."""
+        if self._planner is None:
+            print(
+                "plan: asked before on this vLLM, plugin and config: the kept "
+                f"answer, vLLM not imported ({CACHE_VARIABLE}=off builds again)",
+                file=sys.stderr,
+            )
+
+    def close(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+
+
 def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # plan runs vLLM on the meta device only
     asked = _plan_input(args)
-    print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
+    answers = Answers(args, asked)
+    step: list[str] = []
     try:
-        with quiet_vllm():
-            planner = Planner(
-                asked.text_config,
-                asked.serving,
-                asked.budget,
-                served_model(args.model, args.config),
-                asked.quantization_config,
-                args.gpus_per_node,
-                asked.speculation,
-            )
-            with planner:
-                if args.gpus is not None:
-                    plans, refused = planner.advise(
-                        args.gpus, asked.quantization, asked.backend
-                    )
-                else:
-                    plans, refused = [planner.plan(d) for d in asked.deployments], []
+        if args.gpus is not None:
+            plans, refused = answers.advise(args.gpus)
+            if not fitting(plans):
+                step = _next_step(args, asked, answers, plans)
+        else:
+            plans, refused = answers.plan(asked.deployments), []
     except (DeploymentError, PlanError, BudgetError) as error:
         fail("plan", str(error))
+    finally:
+        answers.close()
+    answers.note_if_kept()
     _note_dsa_config_unread(asked.text_config)
     if args.json:
         print(as_json(plans))
@@ -525,12 +612,81 @@ def run(args: argparse.Namespace) -> int:
                 public,
                 unmarked,
                 lambda topology: plan_command(args, topology),
+                step,
             )
         )
     else:
         print(table(plans, format_title=asked.quantization_title))
         print(serve_commands(plans))
     return 0
+
+
+def _next_step(
+    args: argparse.Namespace,
+    asked: PlanInput,
+    answers: Answers,
+    plans: list[DeploymentPlan],
+) -> list[str]:
+    """Where no layout of ``--gpus`` fits: the fewest GPUs that fit and the
+    formats that fit (``next_step``), as plan commands."""
+    print(
+        f"plan: no layout of {args.gpus} GPUs fits: sizing more GPUs and other "
+        "formats ...",
+        file=sys.stderr,
+    )
+    step = next_step(
+        plans,
+        args.gpus,
+        args.gpus_per_node,
+        asked.quantization,
+        asked.backend,
+        answers.advise,
+        answers.plan_one,
+        # another format's published config; not where --config declares one
+        other_formats=asked.quantization_config is None,
+    )
+    return next_step_lines(
+        step,
+        args.gpus,
+        asked.gpu_title or "",
+        lambda gpus, **options: advisor_command(args, gpus, **options),
+    )
+
+
+def advisor_command(args: argparse.Namespace, gpus: int, **options: str) -> str:
+    """The advisor's ``plan`` command for ``gpus`` GPUs, every other option
+    as given, ``options`` (``quantization``, ``moe_backend``) replaced."""
+    words = [PROG, "plan", "--gpus", str(gpus)]
+    words += (
+        ["--gpu", args.gpu]
+        if args.gpu
+        else ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
+    )
+    given = {
+        "quantization": args.quantization,
+        "config": args.config,
+        "moe_backend": args.moe_backend
+        if args.moe_backend.lower() != "marlin"
+        else None,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "max_model_len": args.max_model_len,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "reserve_gib": args.reserve_gib,
+        "gpus_per_node": args.gpus_per_node
+        if args.gpus_per_node != DEFAULT_GPUS_PER_NODE
+        else None,
+        "speculative_config": args.speculative_config,
+        "model": args.model,
+    }
+    for name, value in {**given, **options}.items():
+        if name == "moe_backend" and value == "marlin":
+            continue
+        if value is not None:
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            words += [f"--{name.replace('_', '-')}", text]
+    if args.language_model_only:
+        words.append("--language-model-only")
+    return shlex.join(words)
 
 
 def _note_dsa_config_unread(text_config: dict[str, Any]) -> None:
