@@ -77,6 +77,7 @@ from vllm_kimi_k3_moe.tools.topology import (
     validate_prefill_context_parallel,
     validate_serving,
 )
+from vllm_kimi_k3_moe.tools.tp_sizes import validate_with_working_tp_sizes
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -442,6 +443,7 @@ def _buildable(
             validate(text_config, deployment)
         except DeploymentError as error:
             if not defaults:
+                validate_with_working_tp_sizes(text_config, deployment)
                 raise
             left_out.append((deployment, error))
             continue
