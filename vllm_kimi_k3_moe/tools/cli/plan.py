@@ -45,6 +45,11 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
     GpuBudget,
 )
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
+from vllm_kimi_k3_moe.tools.kernel_gpus import (
+    KernelOnGpu,
+    kernel_utilization,
+    refuse_a_kernel_the_gpu_cannot_run,
+)
 from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
@@ -266,7 +271,9 @@ class PlanInput:
     speculation: Speculation | None  # --speculative-config
 
 
-def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
+def _budget(
+    args: argparse.Namespace, quantization: str
+) -> tuple[GpuBudget | None, str | None]:
     if args.gpu is not None and args.gpu_memory_gib is not None:
         raise BudgetError("give --gpu or --gpu-memory-gib, not both")
     if args.gpu is not None:
@@ -286,8 +293,26 @@ def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
         return None, None
     # None: vLLM's default utilization and plan's estimate of the reserve,
     # which the installed vLLM decides once it is imported (kv_budget)
-    budget = GpuBudget(memory, args.gpu_memory_utilization, args.reserve_gib)
+    utilization = args.gpu_memory_utilization
+    if utilization is None:
+        utilization = _kernel_utilization(quantization, args.moe_backend.lower())
+    budget = GpuBudget(memory, utilization, args.reserve_gib)
     return budget, title
+
+
+def _kernel_utilization(quantization: str, backend: str) -> float | None:
+    """The ``--gpu-memory-utilization`` the kernel needs where it needs one
+    (``kernel_gpus.KERNEL_UTILIZATION``), said on stderr; else None."""
+    utilization = kernel_utilization(quantization, backend)
+    if utilization is not None:
+        print(
+            f"plan: note: --moe-backend {backend} is sized and served at "
+            f"--gpu-memory-utilization {utilization:g}, as vLLM's recipe runs it: "
+            "its kernel allocates about 1.6 GiB outside vLLM's pool on its "
+            "first forward",
+            file=sys.stderr,
+        )
+    return utilization
 
 
 def _note_kv_options_unused(args: argparse.Namespace) -> None:
@@ -321,7 +346,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             else read_language_model_config(args.config)
         )
         fmt, quantization_config, quantization_title = _quantization(args)
-        budget, gpu_title = _budget(args)
+        budget, gpu_title = _budget(args, fmt.name)
         validate_prefill_context_parallel(args.pcp_size)
         speculation = (
             None
@@ -469,6 +494,7 @@ def run(args: argparse.Namespace) -> int:
                 asked.speculation,
             )
             with planner:
+                kernel = _refuse_a_kernel_the_gpu_cannot_run(args, asked)
                 if args.gpus is not None:
                     plans, refused = planner.advise(
                         args.gpus, asked.quantization, asked.backend
@@ -478,6 +504,7 @@ def run(args: argparse.Namespace) -> int:
     except (DeploymentError, PlanError, BudgetError) as error:
         fail("plan", str(error))
     _note_dsa_config_unread(asked.text_config)
+    _note_kernel_not_verified(kernel, args.gpu)
     if args.json:
         print(as_json(plans))
     elif args.wide:
@@ -511,6 +538,34 @@ def run(args: argparse.Namespace) -> int:
         print(table(plans, format_title=asked.quantization_title))
         print(serve_commands(plans))
     return 0
+
+
+def _refuse_a_kernel_the_gpu_cannot_run(
+    args: argparse.Namespace, asked: PlanInput
+) -> KernelOnGpu | None:
+    """With ``--gpu NAME``: vLLM's kernel for ``--moe-backend`` on that
+    GPU; ``DeploymentError`` where it selects none (``kernel_gpus``)."""
+    if args.gpu is None:
+        return None
+    deployment = (
+        asked.deployments[0]
+        if asked.deployments
+        else Deployment(1, backend=asked.backend, quantization=asked.quantization)
+    )
+    return refuse_a_kernel_the_gpu_cannot_run(
+        asked.text_config, deployment, args.gpu, asked.quantization_config
+    )
+
+
+def _note_kernel_not_verified(kernel: KernelOnGpu | None, gpu: str) -> None:
+    """Say where whether the kernel runs on the GPU is not known here."""
+    if kernel is not None and not kernel.verified:
+        print(
+            f"plan: note: whether vLLM's {kernel.kernel} (--moe-backend "
+            f"{kernel.backend}) runs on {gpu} is not known here: its device "
+            "check needs a library this machine lacks",
+            file=sys.stderr,
+        )
 
 
 def _note_dsa_config_unread(text_config: dict[str, Any]) -> None:
