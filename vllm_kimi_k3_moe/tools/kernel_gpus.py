@@ -96,6 +96,9 @@ def kernel_on_gpu(
 
     vllm_kimi_k3_moe.register()
     model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+    # one stage: pipeline stages change which layers a GPU holds, not the
+    # kernel, and the MoE layer of the two built must be rank 0's
+    deployment = replace(deployment, pp_size=1)
     layers = one_layer_of_each(text_config)
     config = quantization_config or deployment.format.published_quantization_config()
     serving = Serving(language_model_only=True)

@@ -40,7 +40,8 @@ def test_every_gpu_preset_has_its_compute_capability() -> None:
 def test_vllm_selects_a_kernel_on_the_gpus_it_runs_on(
     kimi_model, quantization, backend, runs_on
 ) -> None:
-    deployment = Deployment(8, backend=backend, quantization=quantization)
+    # a pipeline too: each stage runs the kernel the first one does
+    deployment = Deployment(8, pp_size=2, backend=backend, quantization=quantization)
     for capability in (HOPPER, B200, B300):
         answer = kernel_on_gpu(KIMI_K3_TEXT_CONFIG, deployment, capability)
         assert answer.runs == (capability in runs_on), (capability, answer)
