@@ -621,3 +621,9 @@ def test_a_note_is_in_the_rows_unit(kimi_k3_deployment_plans, sized_after_warmup
     if plan.budget.after_warmup != sized_after_warmup:
         pytest.skip(f"not how {VLLM} sizes the KV cache")
     assert plan.reason() == note
+
+
+def test_the_gpu_given_by_its_memory_is_named_in_the_headings_unit() -> None:
+    """The advisor's heading counts in GB (10^9 bytes): 80 GiB is 85.9 GB."""
+    args = build_parser().parse_args(["plan", "--gpu-memory-gib", "80", "--tp", "8"])
+    assert _plan_input(args).gpu_title == "85.9 GB"

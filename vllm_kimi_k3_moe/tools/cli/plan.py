@@ -266,7 +266,7 @@ class PlanInput:
     deployments: list[Deployment]  # explicit mode; the advisor enumerates
     serving: Serving
     budget: GpuBudget | None
-    gpu_title: str | None  # the preset's name, or the GiB given
+    gpu_title: str | None  # the preset's name, or the memory given, in GB
     backend: str  # --moe-backend, as vLLM spells it
     speculation: Speculation | None  # --speculative-config
 
@@ -280,7 +280,9 @@ def _budget(
         preset = gpu_preset(args.gpu)
         memory, title = preset.memory_gib, preset.title
     elif args.gpu_memory_gib is not None:
-        memory, title = args.gpu_memory_gib, f"{args.gpu_memory_gib:g} GiB"
+        # in GB, the unit of the headings it appears in (GB = 10^9 bytes)
+        memory = args.gpu_memory_gib
+        title = f"{memory * 2**30 / 10**9:.1f} GB"
     else:
         for option, value in (
             ("--gpu-memory-utilization", args.gpu_memory_utilization),
