@@ -19,12 +19,22 @@ first forward, which vLLM's Kimi-K3 recipe leaves free by running it at
 
 from __future__ import annotations
 
+import importlib
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.formats import format_named
+from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    a_gpu_of_capability,
+    runs_on_capability,
+)
+from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
+from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
+from vllm_kimi_k3_moe.tools.plan.planner import BUILD_ERRORS
+from vllm_kimi_k3_moe.tools.text_config import main_moe_layers, one_layer_of_each
 from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Serving
 
 GPU_CAPABILITY: dict[str, tuple[int, int]] = {
@@ -67,12 +77,6 @@ class KernelOnGpu:
         return self.kernel is not None
 
 
-def _build_errors() -> tuple[type[BaseException], ...]:
-    from vllm_kimi_k3_moe.tools.plan.planner import BUILD_ERRORS
-
-    return BUILD_ERRORS
-
-
 def kernel_on_gpu(
     text_config: dict[str, Any],
     deployment: Deployment,
@@ -83,17 +87,6 @@ def kernel_on_gpu(
     ``capability``: the MoE layer built as plan builds it (one dense and
     one MoE layer of ``text_config``, the plugin registered), each kernel's
     device check answering as on that GPU. Imports vLLM."""
-    import importlib
-
-    import vllm_kimi_k3_moe
-    from vllm_kimi_k3_moe.tools.build.stand_ins import (
-        a_gpu_of_capability,
-        runs_on_capability,
-    )
-    from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
-    from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
-    from vllm_kimi_k3_moe.tools.text_config import main_moe_layers, one_layer_of_each
-
     vllm_kimi_k3_moe.register()
     model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
     # one stage: pipeline stages change which layers a GPU holds, not the
@@ -109,7 +102,7 @@ def kernel_on_gpu(
                 built = build_rank(
                     model.KimiMoE, layers, deployment, serving, model_dir
                 )
-        except _build_errors() as error:
+        except BUILD_ERRORS as error:
             reason = " ".join(f"{type(error).__name__}: {error}".split())
             return KernelOnGpu(deployment.backend, None, reason)
     moe = built.model.language_model.model.layers[main_moe_layers(layers)[0]]
