@@ -256,7 +256,6 @@ def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
         ],
         capture_output=True,
         text=True,
-        timeout=600,
         cwd=Path(__file__).parents[3],  # this tree's package
     )
     assert result.returncode == 0, result.stderr[-2000:]

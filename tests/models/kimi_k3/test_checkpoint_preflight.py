@@ -400,6 +400,7 @@ def test_every_nodes_line_of_a_launch_checks_its_layout(write, capsys) -> None:
         ("-tp 8 -dcp 16", ["--tp", "8", "--dcp", "16"], ["dcp_size"]),
         ("-tp 8 --prefill-context-parallel-size 2", ["--pcp", "2"], ["MLA"]),
         ("-tp 5", ["--tp", "5"], ["heads"]),
+        ("-tp 3", ["--tp", "3"], ["TP sizes that work: 1, 2, 4, 8, 16, 32"]),
     ],
 )
 def test_a_serve_command_is_refused_as_plan_refuses_it(
@@ -526,6 +527,13 @@ def no_shards(directory: Path) -> Path:
     return directory
 
 
+def another_model(directory: Path) -> Path:
+    """A Llama's config.json (Meta-Llama-3-8B's, cut to its shape)."""
+    llama = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32}
+    (directory / "config.json").write_text(json.dumps(llama))
+    return directory
+
+
 def unreadable_index(directory: Path) -> Path:
     (directory / "model.safetensors.index.json").write_text("{")
     return directory
@@ -575,6 +583,7 @@ def test_a_text_only_checkpoint_is_read_under_model_layers(write, capsys) -> Non
         (fp8, "quantization_config.quant_method 'fp8'; check knows"),
         (no_shards, "holds neither model.safetensors.index.json nor *.safetensors"),
         (unreadable_index, "is not a usable safetensors index"),
+        (another_model, "is a llama model (model_type 'llama'), not Kimi-K3"),
     ],
 )
 def test_unusable_input_is_one_line_and_status_2(

@@ -25,6 +25,17 @@ from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Serving
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
 GB = 1e9
+# Meta-Llama-3-8B's config.json, cut to its shape: a model without experts.
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+}
 
 
 def plan(deployment: Deployment):
@@ -271,6 +282,17 @@ def write(tmp_path, content: str):
 BAD_INPUT = [
     # (case, arguments, words the one-line error must contain)
     ("tp not dividing the heads", ["--tp", "7"], ["96", "7", "heads"]),
+    # 96 heads and 163840 vocabulary rows split over TP1-TP32 alone (powers of 2)
+    (
+        "tp that builds nothing",
+        ["--tp", "3"],
+        ["TP 3", "; TP sizes that work: 1, 2, 4, 8, 16, 32"],
+    ),
+    (
+        "tp with other sizes kept",
+        ["--tp", "6", "--pp", "2", "--ep"],
+        ["TP sizes that work with PP2 EP: 1, 2, 4, 8, 16, 32"],
+    ),
     ("tp x dp not dividing", ["--tp", "8", "--dp", "5"], ["3072", "40 GPUs"]),
     (
         "tp not dividing the vocabulary",
@@ -392,6 +414,7 @@ def test_kv_options_without_a_gpu_size_are_noted(capsys, arguments, noted, servi
             json.dumps({"text_config": {"hidden_size": 7168}}),
             ["lacks", "num_experts", "in text_config"],
         ),
+        (json.dumps(LLAMA_CONFIG), ["is a llama model (model_type 'llama'), not Kimi"]),
         (
             json.dumps({**KIMI_K3_MOE_FIELDS, "num_experts": "896"}),
             ["num_experts", "'896'"],
@@ -416,6 +439,7 @@ def test_kv_options_without_a_gpu_size_are_noted(capsys, arguments, noted, servi
         "not json",
         "not an object",
         "missing field",
+        "another model",
         "field not int",
         "no attention fields",
         "layer frequency 0",
@@ -543,13 +567,14 @@ def test_console_script_is_installed_and_fails_fast():
     command = shutil.which("vllm-kimi-k3-moe")
     assert command is not None, "pip install the package: the console script"
     result = subprocess.run(
-        [command, "plan", "--tp", "7"], capture_output=True, text=True, timeout=60
+        [command, "plan", "--tp", "7"], capture_output=True, text=True
     )
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [  # the heads are checked first
         "vllm-kimi-k3-moe plan: error: num_attention_heads 96 does not split evenly "
-        "over tensor-parallel size 7; vLLM gives every rank the same whole heads"
+        "over tensor-parallel size 7; vLLM gives every rank the same whole heads; "
+        "TP sizes that work: 1, 2, 4, 8, 16, 32"
     ]
 
 
@@ -558,7 +583,6 @@ def test_help_lists_the_backends():
         [shutil.which("vllm-kimi-k3-moe") or "false", "plan", "--help"],
         capture_output=True,
         text=True,
-        timeout=60,
         check=True,
     ).stdout
     for word in ("--gpus", "--gpu-memory-gib", "--moe-backend", "flashinfer_trtllm"):
@@ -715,3 +739,9 @@ def test_a_shorter_max_model_len_holds_more_requests_and_fewer_tokens(
         short = planner.plan(Deployment(32)).fixed_kv
     assert short.concurrency > long.concurrency
     assert short.tokens < long.tokens
+
+
+def test_the_gpu_given_by_its_memory_is_named_in_the_headings_unit() -> None:
+    """The advisor's heading counts in GB (10^9 bytes): 80 GiB is 85.9 GB."""
+    args = build_parser().parse_args(["plan", "--gpu-memory-gib", "80", "--tp", "8"])
+    assert _plan_input(args).gpu_title == "85.9 GB"

@@ -54,8 +54,8 @@ from vllm_kimi_k3_moe.tools.topology import (
     DeploymentError,
     Topology,
     validate_backend,
-    validate_topology,
 )
+from vllm_kimi_k3_moe.tools.tp_sizes import validate_with_working_tp_sizes
 
 __all__ = [
     "PreflightInputError",
@@ -305,7 +305,7 @@ def preflight(
     try:
         if backend is not None:
             validate_backend(layout.format.format.name, backend)
-        validate_topology(layout.text_config, parallelism)
+        validate_with_working_tp_sizes(layout.text_config, parallelism)
     except DeploymentError as error:
         raise PreflightInputError(str(error)) from None
     try:

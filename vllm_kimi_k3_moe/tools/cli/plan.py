@@ -49,6 +49,11 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
     GpuBudget,
 )
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
+from vllm_kimi_k3_moe.tools.kernel_gpus import (
+    KernelOnGpu,
+    kernel_utilization,
+    refuse_a_kernel_the_gpu_cannot_run,
+)
 from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
@@ -83,6 +88,7 @@ from vllm_kimi_k3_moe.tools.topology import (
     validate_prefill_context_parallel,
     validate_serving,
 )
+from vllm_kimi_k3_moe.tools.tp_sizes import validate_with_working_tp_sizes
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -267,19 +273,23 @@ class PlanInput:
     deployments: list[Deployment]  # explicit mode; the advisor enumerates
     serving: Serving
     budget: GpuBudget | None
-    gpu_title: str | None  # the preset's name, or the GiB given
+    gpu_title: str | None  # the preset's name, or the memory given, in GB
     backend: str  # --moe-backend, as vLLM spells it
     speculation: Speculation | None  # --speculative-config
 
 
-def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
+def _budget(
+    args: argparse.Namespace, quantization: str
+) -> tuple[GpuBudget | None, str | None]:
     if args.gpu is not None and args.gpu_memory_gib is not None:
         raise BudgetError("give --gpu or --gpu-memory-gib, not both")
     if args.gpu is not None:
         preset = gpu_preset(args.gpu)
         memory, title = preset.memory_gib, preset.title
     elif args.gpu_memory_gib is not None:
-        memory, title = args.gpu_memory_gib, f"{args.gpu_memory_gib:g} GiB"
+        # in GB, the unit of the headings it appears in (GB = 10^9 bytes)
+        memory = args.gpu_memory_gib
+        title = f"{memory * 2**30 / 10**9:.1f} GB"
     else:
         for option, value in (
             ("--gpu-memory-utilization", args.gpu_memory_utilization),
@@ -292,8 +302,26 @@ def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
         return None, None
     # None: vLLM's default utilization and plan's estimate of the reserve,
     # which the installed vLLM decides once it is imported (kv_budget)
-    budget = GpuBudget(memory, args.gpu_memory_utilization, args.reserve_gib)
+    utilization = args.gpu_memory_utilization
+    if utilization is None:
+        utilization = _kernel_utilization(quantization, args.moe_backend.lower())
+    budget = GpuBudget(memory, utilization, args.reserve_gib)
     return budget, title
+
+
+def _kernel_utilization(quantization: str, backend: str) -> float | None:
+    """The ``--gpu-memory-utilization`` the kernel needs where it needs one
+    (``kernel_gpus.KERNEL_UTILIZATION``), said on stderr; else None."""
+    utilization = kernel_utilization(quantization, backend)
+    if utilization is not None:
+        print(
+            f"plan: note: --moe-backend {backend} is sized and served at "
+            f"--gpu-memory-utilization {utilization:g}, as vLLM's recipe runs it: "
+            "its kernel allocates about 1.6 GiB outside vLLM's pool on its "
+            "first forward",
+            file=sys.stderr,
+        )
+    return utilization
 
 
 def _note_kv_options_unused(args: argparse.Namespace) -> None:
@@ -343,7 +371,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             else read_language_model_config(args.config)
         )
         fmt, quantization_config, quantization_title = _quantization(args)
-        budget, gpu_title = _budget(args)
+        budget, gpu_title = _budget(args, fmt.name)
         validate_prefill_context_parallel(args.pcp_size)
         speculation = (
             None
@@ -462,6 +490,7 @@ def _buildable(
             validate(text_config, deployment)
         except DeploymentError as error:
             if not defaults:
+                validate_with_working_tp_sizes(text_config, deployment)
                 raise
             left_out.append((deployment, error))
             continue
@@ -553,6 +582,19 @@ class Answers:
     def plan_one(self, deployment: Deployment) -> DeploymentPlan:
         return self.plan([deployment])[0]
 
+    def kernel_on_gpu(self, gpu: str, deployment: Deployment) -> KernelOnGpu:
+        """vLLM's kernel for ``deployment``'s ``--moe-backend`` on ``gpu``
+        (``DeploymentError`` where it selects none, which is not kept)."""
+        asked = self._asked
+        return remembered(
+            self._question("kernel", gpu, deployment),
+            lambda: self._worked_out(
+                lambda planner: refuse_a_kernel_the_gpu_cannot_run(
+                    asked.text_config, deployment, gpu, asked.quantization_config
+                )
+            ),
+        )
+
     def note_if_kept(self) -> None:
         """Say (stderr) that no model was built: every answer was kept."""
         if self._planner is None:
@@ -573,6 +615,7 @@ def run(args: argparse.Namespace) -> int:
     answers = Answers(args, asked)
     step: list[str] = []
     try:
+        kernel = _refuse_a_kernel_the_gpu_cannot_run(args, asked, answers)
         if args.gpus is not None:
             plans, refused = answers.advise(args.gpus)
             if not fitting(plans):
@@ -585,6 +628,7 @@ def run(args: argparse.Namespace) -> int:
         answers.close()
     answers.note_if_kept()
     _note_dsa_config_unread(asked.text_config)
+    _note_kernel_not_verified(kernel, args.gpu)
     if args.json:
         print(as_json(plans))
     elif args.wide:
@@ -687,6 +731,32 @@ def advisor_command(args: argparse.Namespace, gpus: int, **options: str) -> str:
     if args.language_model_only:
         words.append("--language-model-only")
     return shlex.join(words)
+
+
+def _refuse_a_kernel_the_gpu_cannot_run(
+    args: argparse.Namespace, asked: PlanInput, answers: Answers
+) -> KernelOnGpu | None:
+    """With ``--gpu NAME``: vLLM's kernel for ``--moe-backend`` on that
+    GPU; ``DeploymentError`` where it selects none (``kernel_gpus``)."""
+    if args.gpu is None:
+        return None
+    deployment = (
+        asked.deployments[0]
+        if asked.deployments
+        else Deployment(1, backend=asked.backend, quantization=asked.quantization)
+    )
+    return answers.kernel_on_gpu(args.gpu, deployment)
+
+
+def _note_kernel_not_verified(kernel: KernelOnGpu | None, gpu: str) -> None:
+    """Say where whether the kernel runs on the GPU is not known here."""
+    if kernel is not None and not kernel.verified:
+        print(
+            f"plan: note: whether vLLM's {kernel.kernel} (--moe-backend "
+            f"{kernel.backend}) runs on {gpu} is not known here: its device "
+            "check needs a library this machine lacks",
+            file=sys.stderr,
+        )
 
 
 def _note_dsa_config_unread(text_config: dict[str, Any]) -> None:

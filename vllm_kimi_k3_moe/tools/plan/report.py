@@ -206,7 +206,7 @@ def table(
         or (
             f"Kimi-K3 per GPU on {VLLM}: {format_title or d.format.title} on "
             f"{d.backend}, GB = 10^9 bytes"
-            + (f", {budget.gpu_memory_gib:g} GiB GPUs" if budget else "")
+            + (f", {_gpu_gb(budget)} GB GPUs" if budget else "")
         ),
         "",
         *_render(groups, rows, left_last=budget is not None),
@@ -251,6 +251,11 @@ def _kv_columns_note(plan: DeploymentPlan) -> list[str]:
         80,
         break_on_hyphens=False,
     )
+
+
+def _gpu_gb(budget: KvBudget) -> str:
+    """A GPU's memory in the heading's unit, GB (the options give GiB)."""
+    return f"{budget.gpu_memory_gib * 2**30 / GB:.1f}"
 
 
 def _indexer_note(kv: KvCacheShape) -> list[str]:
