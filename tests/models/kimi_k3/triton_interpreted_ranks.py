@@ -1,0 +1,199 @@
+"""Run ranks' Kimi-K3 experts through vLLM's Triton MoE kernel, interpreted
+(``python -m tests.models.kimi_k3.triton_interpreted_ranks RESULTS``: cases
+as JSON on stdin, one JSON object of results written to the file RESULTS).
+
+A process of its own because Triton's interpreter must be chosen before
+Triton and vLLM are imported (``interpreted_triton.interpret_triton``: the
+first thing this module does when run as a program), which a pytest process
+that has imported vLLM for other tests cannot undo; ``test_triton_interpreted``
+starts it once a session.
+
+Each case is one GPU of a layout serving a config on ``--moe-backend
+triton``: built through the plugin and loaded as the selftest builds and
+loads it (``harness.loaded_rank``), every byte of memory nobody wrote
+reading 0xFF (NaN in BF16, FP32 and FP8) while it is built and loaded, then
+prepared and run by ``InterpretedTriton`` (vLLM's ``TritonExperts``: its
+``fused_moe_kernel`` and Triton activation quantization, interpreted) on
+``TOKENS`` tokens. Its output is compared with its share of the unsharded
+experts in float64, computed here in plain torch from the checkpoint's
+tensors: rows ``[start, end)`` of every expert, or, with expert
+parallelism, its own whole experts.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # before anything imports Triton or vLLM
+    from vllm_kimi_k3_moe.tools.selftest.interpreted_triton import interpret_triton
+
+    interpret_triton()
+
+import functools
+import importlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Tokens each rank runs: all of the layer's experts routed to, a few blocks
+# of the kernel's M tiles (the interpreter runs one program at a time).
+TOKENS = 8
+# The experts' width: one FP8 block of 128 (w13's K, w2's N). The kernel's
+# tiles and masks along the rows (the partition) are what is under test.
+WIDTH = 128
+EXPERTS = 4
+TOP_K = 2
+BLOCK = 128  # FP8 weight blocks are 128 x 128
+
+
+@functools.cache
+def _layer(config: str, experts: int) -> Any:
+    """The synthetic layer (``PreparedLayer``, no reference: each rank's
+    share is computed per rank) every rank of ``config`` loads."""
+    import torch
+
+    from tests.models.kimi_k3.preparation.harness import (
+        FEW_EXPERTS,
+        PreparationCase,
+        checkpoint_format,
+    )
+    from vllm_kimi_k3_moe.tools.selftest.harness import PreparedLayer
+    from vllm_kimi_k3_moe.tools.selftest.layer import write_layer_config
+    from vllm_kimi_k3_moe.tools.selftest.reference import moe_inputs
+    from vllm_kimi_k3_moe.tools.selftest.shape import CPU_HIDDEN, MoeShape
+    from vllm_kimi_k3_moe.tools.selftest.synthetic import expert_tensors
+    from vllm_kimi_k3_moe.tools.topology import Topology
+
+    text_config = {**FEW_EXPERTS, "num_experts_per_token": TOP_K}
+    rows = text_config["moe_intermediate_size"]
+    shape = MoeShape(WIDTH, rows, experts, TOP_K, CPU_HIDDEN)
+    case = PreparationCase(config, "triton", Topology(1)).selftest_case()
+    workdir = Path(tempfile.mkdtemp(prefix=f"kimi-k3-triton-{config}-"))
+    write_layer_config(workdir, text_config, shape, case.config())
+    fmt = checkpoint_format(config)
+    tensors = expert_tensors(fmt, shape)
+    inputs = moe_inputs(_expert(tensors, 0)[0], shape, torch.device("cpu"))
+    return PreparedLayer(shape, fmt, workdir, tensors, inputs, torch.empty(0))
+
+
+def _expert(tensors: dict[str, Any], expert: int) -> tuple[Any, Any]:
+    """``expert``'s w13 ([2 x rows, width]: w1's rows, then w3's) and w2 in
+    float64 from the checkpoint's tensors: FP8 values times their scales (one
+    per 128 x 128 block, or one per row), BF16 as it is."""
+    import torch
+
+    from vllm_kimi_k3_moe.tools.selftest.checkpoint import expert_key
+
+    def weight(projection: str) -> Any:
+        value = tensors[expert_key(expert, projection, "weight")].double()
+        scale = tensors.get(expert_key(expert, projection, "weight_scale"))
+        if scale is None:
+            return value
+        scale = scale.double()
+        if tuple(scale.shape) != (value.shape[0], 1):  # not one per row: blocks
+            scale = scale.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+            scale = scale[: value.shape[0], : value.shape[1]]
+        return value * scale
+
+    return torch.cat([weight("w1"), weight("w3")]), weight("w2")
+
+
+def share(layer: Any, start: int, end: int, experts: list[int]) -> Any:
+    """The unsharded experts' output from rows ``[start, end)`` of
+    ``experts`` alone, float64, with Kimi-K3's routing and SiTU
+    (``reference``)."""
+    from vllm_kimi_k3_moe.tools.selftest.reference import reference_routing, situ
+
+    rows = layer.shape.intermediate
+    hidden = layer.inputs.hidden[:TOKENS].double()
+    weights, ids = reference_routing(
+        layer.inputs.logits[:TOKENS], layer.inputs.bias, layer.shape.top_k
+    )
+    output = hidden.new_zeros(hidden.shape)
+    for expert in experts:
+        token, slot = (ids == expert).nonzero(as_tuple=True)
+        w13, w2 = _expert(layer.tensors, expert)
+        gate = hidden[token] @ w13[start:end].T
+        up = hidden[token] @ w13[rows + start : rows + end].T
+        contribution = situ(gate, up) @ w2[:, start:end].T
+        output.index_add_(0, token, contribution * weights[token, slot, None])
+    return output
+
+
+def run_case(kimi_model: Any, case: dict[str, Any]) -> dict[str, Any]:
+    """One GPU: its output against its share; what ran."""
+    import torch
+
+    from tests.models.kimi_k3.builders import NAN_BYTE
+    from tests.models.kimi_k3.gpu_stand_ins import uninitialised_memory_reads
+    from tests.models.kimi_k3.preparation.harness import PreparationCase
+    from vllm_kimi_k3_moe.tools.build.rank import Rank
+    from vllm_kimi_k3_moe.tools.selftest.harness import loaded_rank
+    from vllm_kimi_k3_moe.tools.selftest.interpreted_triton import InterpretedTriton
+    from vllm_kimi_k3_moe.tools.selftest.reference import relative_error
+    from vllm_kimi_k3_moe.tools.topology import Topology
+
+    topology = Topology(**case["topology"])
+    gpus = topology.moe_group
+    experts = -(-EXPERTS // gpus) * gpus if topology.expert_parallel else EXPERTS
+    layer = _layer(case["config"], experts)
+    selftest = PreparationCase(case["config"], "triton", topology).selftest_case()
+    tp, rank_index = topology.tp_size, case["rank"]
+    rank = Rank(topology, tp_rank=rank_index % tp, dp_rank=rank_index // tp)
+    path = InterpretedTriton()
+    with loaded_rank(
+        path,
+        selftest,
+        kimi_model,
+        layer,
+        rank,
+        building=lambda: uninitialised_memory_reads(NAN_BYTE),
+    ) as loaded:
+        with loaded.kernel.context():
+            output = loaded.forward(*layer.inputs.first(TOKENS)).double()
+        experts_here = loaded.experts.local_num_experts
+        allocated = loaded.experts.intermediate_size_per_partition
+        kernel = path.kernel(loaded.experts)
+    if topology.expert_parallel:
+        mine = list(range(rank_index * experts_here, (rank_index + 1) * experts_here))
+        start, end = 0, layer.shape.intermediate
+    else:
+        mine, (start, end) = list(range(experts)), case["rows"]
+    expected = share(layer, start, end, mine)
+    finite = bool(torch.isfinite(output).all())
+    if end > start or mine != list(range(experts)):
+        error = relative_error(output, expected) if finite else float("nan")
+    else:  # a GPU holding no row: only zeros may come out
+        error = 0.0 if finite and not output.any() else float("inf")
+    return {
+        "error": error,
+        "finite": finite,
+        "kernel": kernel,
+        "allocated": allocated,
+    }
+
+
+def main() -> None:
+    import torch
+
+    import vllm_kimi_k3_moe
+
+    torch.set_num_threads(1)
+    vllm_kimi_k3_moe.register()
+    kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+    cases = json.load(sys.stdin)
+    results = {}
+    for case in cases:
+        began = time.perf_counter()
+        try:
+            results[case["label"]] = run_case(kimi_model, case)
+        except Exception as error:  # reported by the test, with its case
+            results[case["label"]] = {"failure": f"{type(error).__name__}: {error}"}
+        # for the budget (``--durations`` shows the whole run only)
+        results[case["label"]]["seconds"] = time.perf_counter() - began
+    Path(sys.argv[1]).write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
