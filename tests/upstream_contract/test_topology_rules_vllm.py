@@ -94,3 +94,31 @@ def test_pipeline_stages_as_vllm_splits_the_layers(kimi_model, pp):
     empty_stage = any(start == end for start, end in split)
     assert refused(Topology(1, pp_size=pp), "at least one layer") == empty_stage
     assert pipeline_layers(layers, pp) == split
+
+
+@pytest.mark.parametrize(
+    "experts",
+    [896, 806, 672, 17],  # published, REAP10 and REAP25 pruned, a prime
+)
+def test_expert_parallel_placement_as_vllm_maps_experts(kimi_model, experts):
+    """``check`` and ``plan`` place whole experts on each GPU as vLLM's
+    ``determine_expert_map`` does (linear placement, vLLM's default), even
+    or not; none is refused."""
+    from vllm.model_executor.layers.fused_moe.expert_map_manager import (
+        determine_expert_map,
+    )
+
+    for tp, dp in [(8, 1), (4, 2), (8, 3), (16, 2), (32, 3), (8, 8)]:
+        topology = Topology(tp, dp_size=dp, expert_parallel=True)
+        validate_topology({**KIMI_K3_TEXT_CONFIG, "num_experts": experts}, topology)
+        ranges = topology.expert_ranges(experts)
+        for gpu in range(topology.moe_group):
+            count, expert_map, _ = determine_expert_map(
+                topology.moe_group, gpu, experts
+            )
+            held = (expert_map >= 0).nonzero().flatten().tolist()
+            first, end = ranges[gpu]
+            assert (count, held) == (end - first, list(range(first, end)))
+        assert topology.experts_per_gpu(experts) == max(
+            end - first for first, end in ranges
+        )

@@ -213,7 +213,29 @@ def text_config_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:
             f"config file {path}: linear_attn_config must be an object, got "
             f"{fields['linear_attn_config']!r}"
         )
+    refuse_per_layer_expert_counts(text_config, path)
     return fields
+
+
+def refuse_per_layer_expert_counts(text_config: dict[str, Any], path: Path) -> None:
+    """Refuse a config that gives its layers different expert counts (what
+    pruning each layer on its own writes, under a name of its choosing): vLLM
+    reads ``num_experts`` alone and builds every MoE layer with it, so such
+    a checkpoint does not load."""
+    for name, value in text_config.items():
+        counts = value if isinstance(value, list) else None
+        if (
+            "expert" in name
+            and counts
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in counts)
+            and len(set(counts)) > 1
+        ):
+            raise ConfigFileError(
+                f"config file {path}: {name} gives its layers different expert "
+                f"counts ({min(counts)} to {max(counts)}); vLLM builds every MoE "
+                f"layer with num_experts ({text_config['num_experts']}), so "
+                "layers pruned unevenly cannot be served"
+            )
 
 
 def language_model_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:

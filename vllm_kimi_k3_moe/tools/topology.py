@@ -85,11 +85,27 @@ class Topology:
         raise ValueError(f"unknown label style {style!r}")
 
     def experts_per_gpu(self, num_experts: int) -> int:
-        """Routed experts each GPU holds: its own slice under expert
-        parallelism (GPU r: experts n*r to n*r+n-1), else all of them."""
-        if self.expert_parallel:
-            return num_experts // self.moe_group
-        return num_experts
+        """Routed experts the heaviest GPU holds: GPU 0's slice under expert
+        parallelism (``expert_ranges``), else all of them."""
+        first, end = self.expert_ranges(num_experts)[0]
+        return end - first
+
+    def expert_ranges(self, num_experts: int) -> list[tuple[int, int]]:
+        """The routed experts [first, end) each GPU of the MoE group holds.
+        Under expert parallelism vLLM's linear placement
+        (``determine_expert_map``): ``num_experts // group`` each, one more
+        for the first ``num_experts % group`` GPUs, in order; so GPU 0 is
+        the heaviest (``tests/upstream_contract`` holds this to vLLM's).
+        Without it every GPU holds every expert."""
+        group = self.moe_group
+        if not self.expert_parallel:
+            return [(0, num_experts)] * group
+        base, extra = divmod(num_experts, group)
+        ranges = []
+        for gpu in range(group):
+            first = gpu * base + min(gpu, extra)
+            ranges.append((first, first + base + (gpu < extra)))
+        return ranges
 
     def intermediate_per_gpu(self, intermediate: int) -> int:
         """Logical intermediate rows of each expert a GPU holds: all of them
@@ -162,8 +178,11 @@ def validate_topology(text_config: dict[str, Any], topology: Topology) -> None:
     rules, each as vLLM applies it (``tests/upstream_contract`` holds vLLM to
     them): whole attention heads per TP rank (MLA and KDA), whole vocabulary
     rows per TP rank, at least one layer per pipeline stage, and the routed
-    experts split evenly over each stage's TP x DP GPUs: whole experts under
-    expert parallelism, else every expert's intermediate rows
+    experts split over each stage's TP x DP GPUs: under expert parallelism
+    whole experts, as evenly as they go (``expert_ranges``: vLLM gives the
+    first GPUs one more where the count does not divide, as a pruned
+    checkpoint's 806 over 8; only MegaMoE and EPLB, which plan does not
+    size, need an even split), else every expert's intermediate rows evenly
     (``FusedMoEConfig``). Where an even slice splits the format's scale
     groups, the plugin gives each GPU whole groups instead
     (``CheckpointFormat.rank_rows``); every GPU of a stage allocates what
@@ -197,12 +216,6 @@ def validate_topology(text_config: dict[str, Any], topology: Topology) -> None:
         )
     group, product = topology.moe_group, topology.label("product")
     if topology.expert_parallel:
-        experts = text_config["num_experts"]
-        if experts % group:
-            raise DeploymentError(
-                f"{experts} routed experts do not split evenly over {group} "
-                f"expert-parallel GPUs ({product})"
-            )
         return
     intermediate = text_config["moe_intermediate_size"]
     if intermediate % group:

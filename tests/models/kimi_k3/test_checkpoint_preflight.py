@@ -8,6 +8,7 @@ loader maps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -299,11 +300,6 @@ RELEASED = KimiK3Spec.released()
             "moe_intermediate_size 3072 does not split evenly over 160 GPUs "
             "(TP 32 x DP 5)",
         ),
-        (
-            "mxfp4",
-            ["--tp", "32", "--dp", "3", "--ep"],
-            "896 routed experts do not split evenly over 96 expert-parallel GPUs",
-        ),
     ],
 )
 def test_check_refuses_a_topology_as_plan_does_before_reading_shards(
@@ -460,6 +456,21 @@ def test_expert_parallel_share(write, capsys) -> None:
     assert (
         "TP4 with expert parallelism: 2 of 8 experts (GPU r: experts 2r to 2r+1)" in out
     )
+
+
+def test_an_uneven_expert_parallel_share_is_vllms(tmp_path, capsys) -> None:
+    """7 experts (a pruned count) over 4 GPUs: vLLM builds it, GPUs 0-2
+    holding 2 experts, GPU 3 the last one; the JSON says the same."""
+    directory = tmp_path / "pruned"
+    write_header_only_checkpoint(directory, dataclasses.replace(SPEC, num_experts=7))
+    status, out = check(capsys, str(directory), "--tp", "4", "--ep")
+    assert status == 0
+    assert "7 experts over 4 GPUs, as vLLM places them (the first 3 one more)" in out
+    assert "GPUs 0-2: 2 experts each (GPU r: experts 2r to 2r+1)" in out
+    assert "GPU 3: 1 expert, the rest in order from expert 6; 3.76 MB" in out
+    status, out = check(capsys, str(directory), "--tp", "4", "--ep", "--json")
+    per_gpu = json.loads(out)["per_gpu"]
+    assert [gpu["experts"] for gpu in per_gpu] == [[0, 2], [2, 4], [4, 6], [6, 7]]
 
 
 def set_quantization(directory: Path, quantization_config) -> None:
@@ -651,3 +662,46 @@ def test_header_only_checkpoints_are_what_safetensors_reads(tmp_path, capsys) ->
     assert seen == len(tensors)
     status, out = check(capsys, str(tmp_path))
     assert status == 0, out
+
+
+def test_layers_pruned_to_different_expert_counts_are_named_first(
+    write, capsys
+) -> None:
+    """Layer 2 pruned to 6 experts, the others keeping 8: the cause leads,
+    in one line; each missing tensor is still listed."""
+    gone = [
+        name
+        for name in checkpoint_tensors(SPEC)
+        if ".layers.2.block_sparse_moe.experts.6." in name
+        or ".layers.2.block_sparse_moe.experts.7." in name
+    ]
+    status, out = check(capsys, str(write(remove(*gone))))
+    assert status == 1
+    assert out.splitlines()[0] == (
+        "MISMATCH    the MoE layers hold different numbers of experts (layer 2: "
+        "6, layer 1: 8); vLLM builds every MoE layer with config.json's "
+        "num_experts (8), so a checkpoint pruned layer by layer cannot be served"
+    )
+    assert f"missing: {expert_tensor_name(2, 6, 'w1', 'weight_packed')}" in out
+    assert out.splitlines()[-1] == (
+        "FAILED      12 problems: prune every MoE layer to the same expert count "
+        "before launching vLLM"
+    )
+
+
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_a_config_with_per_layer_expert_counts_is_refused(
+    command, tmp_path, capsys
+) -> None:
+    config = RELEASED.config()
+    config["text_config"]["num_experts_per_layer"] = [896] + [806] * 91
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    where = ["--config", str(tmp_path)] if command == "plan" else [str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, *where])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        "num_experts_per_layer gives its layers different expert counts (806 to "
+        "896); vLLM builds every MoE layer with num_experts (896), so layers "
+        "pruned unevenly cannot be served\n"
+    )

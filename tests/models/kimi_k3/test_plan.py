@@ -225,6 +225,40 @@ def test_config_file_with_nested_text_config(kimi_model, tmp_path, capsys):
     assert document["fixed_per_layer"]["routed_bytes"] == routed_bytes(896, 128)
 
 
+# RedHatAI's Kimi-K3-NVFP4-REAP10 keeps 806 of the 896 experts (REAP prunes
+# every layer alike and writes the new count). Over 8 expert-parallel GPUs
+# vLLM gives GPUs 0-5 101 experts and GPUs 6-7 100 (806 = 8 x 100 + 6).
+PRUNED_EXPERTS, HEAVIEST_OF_8 = 806, 101
+
+
+def test_a_pruned_checkpoint_is_sized_on_its_heaviest_gpu_and_served_by_name(
+    kimi_model, tmp_path, capsys
+):
+    """An uneven expert-parallel split is planned, not refused, sized on the
+    GPU vLLM gives the most experts; the serve line names the directory
+    whose config.json plan read, unless --model names another."""
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["KimiK3ForConditionalGeneration"],
+                "text_config": {**KIMI_K3_TEXT_CONFIG, "num_experts": PRUNED_EXPERTS},
+            }
+        )
+    )
+    layout = ["--gpu", "b300", "--tp", "8", "--ep", "--json"]
+    assert main(["plan", "--config", str(tmp_path), *layout]) == 0
+    (document,) = json.loads(capsys.readouterr().out)
+    for side in ("upstream_per_layer", "fixed_per_layer"):
+        assert document[side]["local_experts"] == HEAVIEST_OF_8
+    assert document["serve_command"].startswith(f"vllm serve {tmp_path} ")
+    named = ["--model", "RedHatAI/Kimi-K3-NVFP4-REAP10"]
+    assert (
+        main(["plan", "--config", str(tmp_path / "config.json"), *layout, *named]) == 0
+    )
+    (document,) = json.loads(capsys.readouterr().out)
+    assert document["serve_command"].startswith(f"vllm serve {named[1]} ")
+
+
 def write(tmp_path, content: str):
     path = tmp_path / "config.json"
     path.write_text(content)
@@ -235,14 +269,12 @@ BAD_INPUT = [
     # (case, arguments, words the one-line error must contain)
     ("tp not dividing the heads", ["--tp", "7"], ["96", "7", "heads"]),
     ("tp x dp not dividing", ["--tp", "8", "--dp", "5"], ["3072", "40 GPUs"]),
-    ("ep not dividing 896", ["--tp", "2", "--dp", "3", "--ep"], ["896", "6"]),
     (
         "tp not dividing the vocabulary",
         ["--tp", "24"],
         ["TP 24", "vocabulary of 163840"],
     ),
     ("more stages than layers", ["--pp", "94"], ["94", "93 layers"]),
-    ("no layout of 97 GPUs", ["--gpus", "97", "--gpu", "h200"], ["97 GPUs"]),
     ("unknown gpu", ["--gpu", "a100"], ["'a100'", "h100", "--gpu-memory-gib"]),
     ("infinite memory", ["--gpu-memory-gib", "inf"], ["'inf'", "finite"]),
     (

@@ -91,6 +91,22 @@ def test_fp8_blocks_at_tp32_as_json(kimi_model, capsys, small_config) -> None:
     assert all(report["errors"][n] <= report["allowed"][n] for n in ("1", "16", "128"))
 
 
+def test_an_uneven_expert_parallel_split_sums_to_the_experts(
+    kimi_model, capsys, tmp_path
+) -> None:
+    """A pruned count (7 experts, top-2) over 2 expert-parallel GPUs: the
+    selftest keeps the model's remainder (5 experts: GPU 0 holds 3, GPU 1
+    2, as vLLM places them) and the GPUs still sum to the experts."""
+    path = tmp_path / "config.json"
+    pruned = {**SMALL, "num_experts": 7}
+    path.write_text(json.dumps({"text_config": {**KIMI_K3_TEXT_CONFIG, **pruned}}))
+    status, out = selftest(capsys, "--tp", "2", "--ep", "--config", str(path))
+    assert status == 0, out
+    assert "experts     5 of 7 (top-2)" in out
+    assert "partition   GPU 0: 3072 rows per expert (whole experts), 3 experts" in out
+    assert "            GPU 1: 3072 rows per expert (whole experts), 2 experts" in out
+
+
 def test_only_the_first_moe_layers_experts_are_read(
     kimi_model, capsys, tmp_path
 ) -> None:

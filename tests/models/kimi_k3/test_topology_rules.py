@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_kimi_k3_moe.tools.build.rank import Rank
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology, validate_topology
 
@@ -55,3 +56,30 @@ def test_refused_exactly_where_vllm_cannot_build(format_experts, fmt):
         except (AssertionError, ValueError) as error:
             built = f"{type(error).__name__}: {error}"
         assert (refusal is None) == (built is None), (topology.label(), refusal, built)
+
+
+# Expert parallelism over GPU counts that do not divide 896: vLLM builds each
+# (``determine_expert_map``), the first 896 % GPUs of them one expert heavier.
+UNEVEN_EXPERT_PARALLEL = [
+    Topology(8, dp_size=3, expert_parallel=True),  # 24 GPUs: 37 each, 8 get 38
+    Topology(32, dp_size=3, expert_parallel=True),  # 96 GPUs: 9 each, 32 get 10
+]
+
+
+@pytest.mark.parametrize("topology", UNEVEN_EXPERT_PARALLEL, ids=Topology.label)
+def test_uneven_expert_parallel_splits_are_built_as_vllm_places_them(
+    format_experts, topology
+):
+    """Not refused, and every GPU holds the experts ``expert_ranges`` says,
+    as vLLM's built layer maps them (its expert map: global to local)."""
+    validate_topology(KIMI_K3_TEXT_CONFIG, topology)
+    ranges = topology.expert_ranges(KIMI_K3_TEXT_CONFIG["num_experts"])
+    assert ranges[0][1] - ranges[0][0] == topology.experts_per_gpu(896)
+    for tp_rank, dp_rank in [(0, 0), (topology.tp_size - 1, topology.dp_size - 1)]:
+        experts = format_experts(
+            "mxfp4", "marlin", Rank(topology, tp_rank=tp_rank, dp_rank=dp_rank)
+        )
+        first, end = ranges[dp_rank * topology.tp_size + tp_rank]
+        held = (experts.expert_map >= 0).nonzero().flatten().tolist()
+        assert held == list(range(first, end))
+        assert experts.local_num_experts == end - first

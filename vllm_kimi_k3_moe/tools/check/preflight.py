@@ -29,6 +29,10 @@ from vllm_kimi_k3_moe.tools.check.layout import (
 )
 from vllm_kimi_k3_moe.tools.check.lookalike import mismatch
 from vllm_kimi_k3_moe.tools.check.problems import ProblemLog
+from vllm_kimi_k3_moe.tools.check.pruned_layers import (
+    PRUNED_PER_LAYER_FIX,
+    pruned_per_layer,
+)
 from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
     CheckpointDirError,
     CheckpointTensors,
@@ -69,7 +73,10 @@ class PreflightReport:
     expert_tensors_found: int = 0
     problems: ProblemLog = field(default_factory=ProblemLog)
     # the cause, when the expert tensors are in another format than declared
+    # or the layers hold different expert counts, and what fixes it (None:
+    # the default of each)
     mismatch: str | None = None
+    fix: str | None = None
 
     @property
     def expert_tensors_expected(self) -> int:
@@ -247,5 +254,9 @@ def preflight(
     )
     _compare(report, checkpoint)
     if report.problems:
-        report.mismatch = mismatch(layout, checkpoint.tensors)
+        pruned = pruned_per_layer(layout, checkpoint.tensors)
+        if pruned is not None:
+            report.mismatch, report.fix = pruned, PRUNED_PER_LAYER_FIX
+        else:
+            report.mismatch = mismatch(layout, checkpoint.tensors)
     return report

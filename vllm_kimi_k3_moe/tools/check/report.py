@@ -107,6 +107,35 @@ def per_gpu(report: PreflightReport) -> list[str]:
     return lines
 
 
+def _expert_split(head: str, layout: KimiK3Layout, shares: list[GpuShare]) -> list[str]:
+    """Whole experts per GPU: one line where they split evenly; else a line
+    for the first GPUs, one expert heavier, and one for the rest, as vLLM
+    places them (``Topology.expert_ranges``)."""
+    counts = [share.experts[1] - share.experts[0] for share in shares]
+    n, gpus = counts[0], len(shares)
+    rows = f"all {layout.intermediate} intermediate rows"
+    data = "of routed-expert checkpoint data"
+    if len(set(counts)) == 1:
+        return [
+            f"{head}: {n} of {layout.num_experts} experts (GPU r: "
+            f"experts {n}r to {n}r+{n - 1}), {rows}; "
+            f"{_bytes(shares[0].expert_bytes)} {data}"
+        ]
+    heavy = counts.count(n)
+    light = shares[heavy]
+    each = " each" if gpus - heavy > 1 else ""
+    return [
+        f"{head}: {layout.num_experts} experts over {gpus} GPUs, as vLLM "
+        f"places them (the first {heavy} one more), {rows}:",
+        f"{INDENT}{_gpus(ShareRun(0, heavy - 1, 0, n, 0))}: "
+        f"{_plural(n, 'expert')} each (GPU r: experts {n}r to {n}r+{n - 1}); "
+        f"{_bytes(shares[0].expert_bytes)} {data} each",
+        f"{INDENT}{_gpus(ShareRun(heavy, gpus - 1, 0, n - 1, 0))}: "
+        f"{_plural(n - 1, 'expert')}{each}, the rest in order from expert "
+        f"{light.experts[0]}; {_bytes(light.expert_bytes)} {data}{each}",
+    ]
+
+
 def _split(
     head: str, layout: KimiK3Layout, shares: list[GpuShare], expert_parallel: bool
 ) -> list[str]:
@@ -114,13 +143,7 @@ def _split(
     line per run of GPUs with the same rows where the format's split is not
     even."""
     if expert_parallel:
-        n = shares[0].experts[1] - shares[0].experts[0]
-        return [
-            f"{head}: {n} of {layout.num_experts} experts (GPU r: "
-            f"experts {n}r to {n}r+{n - 1}), all {layout.intermediate} "
-            f"intermediate rows; {_bytes(shares[0].expert_bytes)} of routed-expert "
-            "checkpoint data"
-        ]
+        return _expert_split(head, layout, shares)
     runs = row_runs(shares)
     if len(runs) == 1:
         run = runs[0]
@@ -273,7 +296,7 @@ def verdict(report: PreflightReport) -> list[str]:
             "OK          every routed-expert tensor is present once, with its "
             "format's dtype and shape, and vLLM builds this topology"
         ]
-    fix = (
+    fix = report.fix or (
         f"make {report.layout.declared_in} declare the format the expert tensors "
         "are in (first line)"
         if report.mismatch

@@ -1,13 +1,14 @@
 """What each GPU of a topology loads of the routed experts, with the plugin.
 
 Under expert parallelism GPU r of the MoE group (TP x DP GPUs, which vLLM
-flattens) holds whole experts n*r to n*r+n-1. Without it every GPU holds
-every expert, and of each the intermediate rows its format's record says
-(``CheckpointFormat.rank_rows``): an even slice, or for FP8 block whole
-128-row blocks (TP32: GPUs 0-23 one block each, 24-31 none). The test suite
-holds those rows to what vLLM's loader puts on each rank. With pipeline
-stages each stage's GPUs load the experts of its MoE layers alone, split
-the same way (``stage_shares``).
+flattens) holds whole experts as vLLM places them (``Topology.expert_ranges``:
+n*r to n*r+n-1 where they split evenly, else the first GPUs one more).
+Without it every GPU holds every expert, and of each the intermediate rows
+its format's record says (``CheckpointFormat.rank_rows``): an even slice,
+or for FP8 block whole 128-row blocks (TP32: GPUs 0-23 one block each,
+24-31 none). The test suite holds those rows to what vLLM's loader puts on
+each rank. With pipeline stages each stage's GPUs load the experts of its
+MoE layers alone, split the same way (``stage_shares``).
 """
 
 from __future__ import annotations
@@ -41,15 +42,14 @@ def gpu_shares(
     experts, intermediate = layout.num_experts, layout.intermediate
     group = topology.moe_group
     if topology.expert_parallel:
-        per_gpu = topology.experts_per_gpu(experts)
         return [
             GpuShare(
                 gpu,
-                (gpu * per_gpu, (gpu + 1) * per_gpu),
+                (first, end),
                 (0, intermediate),
-                expert_bytes * per_gpu // experts,
+                expert_bytes * (end - first) // experts,
             )
-            for gpu in range(group)
+            for gpu, (first, end) in enumerate(topology.expert_ranges(experts))
         ]
     return [
         GpuShare(

@@ -19,11 +19,13 @@ import argparse
 import shlex
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_kimi_k3_moe.compat import VLLM, builds_dsa_layers
 from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
 from vllm_kimi_k3_moe.tools.cli.common import (
+    CONFIG_JSON,
     PROG,
     add_context_parallel,
     add_dp_and_ep,
@@ -71,7 +73,6 @@ from vllm_kimi_k3_moe.tools.topology import (
     DeploymentError,
     Serving,
     Topology,
-    layouts,
     validate,
     validate_backend,
     validate_prefill_context_parallel,
@@ -232,10 +233,10 @@ def add_command(commands: Subcommands) -> None:
     )
     plan.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
         metavar="PATH_OR_ID",
         help="the checkpoint the serve commands name: a local directory or a "
-        f"Hugging Face id (default: {DEFAULT_MODEL}, the release)",
+        "Hugging Face id (default: the directory whose config.json --config "
+        f"read, else {DEFAULT_MODEL}, the release)",
     )
     plan.add_argument(
         "--wide",
@@ -349,15 +350,6 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
                     "--gpus needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
                 )
             validate_backend(fmt.name, backend)
-            if not layouts(args.gpus, text_config):
-                raise DeploymentError(
-                    f"no layout of {args.gpus} GPUs builds Kimi-K3 in {fmt.name}: "
-                    "tensor parallelism must divide 96 heads and the vocabulary "
-                    f"of {text_config.get('vocab_size')}, and each expert's "
-                    f"{text_config['moe_intermediate_size']} rows split over a "
-                    "stage's GPUs in whole scale groups (or its "
-                    f"{text_config['num_experts']} experts, with --ep)"
-                )
             deployments, left_out = [], []
         else:
             deployments = [
@@ -451,6 +443,17 @@ def _buildable(
     return kept, [f"plan: left out {d.label()}: {error}" for d, error in left_out]
 
 
+def served_model(model: str | None, config: Path | None) -> str:
+    """The checkpoint the serve commands name: ``--model``; else the
+    directory of the ``config.json`` that ``--config`` read (whose model
+    plan sized); else the release."""
+    if model is not None:
+        return model
+    if config is not None and config.name == CONFIG_JSON:
+        return str(config.parent)
+    return DEFAULT_MODEL
+
+
 def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # plan runs vLLM on the meta device only
     asked = _plan_input(args)
@@ -461,7 +464,7 @@ def run(args: argparse.Namespace) -> int:
                 asked.text_config,
                 asked.serving,
                 asked.budget,
-                args.model,
+                served_model(args.model, args.config),
                 asked.quantization_config,
                 args.gpus_per_node,
                 asked.speculation,
@@ -554,7 +557,7 @@ def plan_command(args: argparse.Namespace, topology: Topology) -> str:
         ("--max-model-len", args.max_model_len),
         ("--gpu-memory-utilization", args.gpu_memory_utilization),
         ("--reserve-gib", args.reserve_gib),
-        ("--model", args.model if args.model != DEFAULT_MODEL else None),
+        ("--model", args.model),
     ):
         if value is not None:
             words += [option, f"{value:g}" if isinstance(value, float) else str(value)]

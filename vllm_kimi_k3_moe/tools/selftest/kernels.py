@@ -233,6 +233,8 @@ class ReferenceKernel:
             ),
         )
 
+        shift = _batched_id_shift(experts, config.moe_parallel_config.ep_rank)
+
         def forward(hidden: Tensor, logits: Tensor) -> Tensor:
             topk_weights, topk_ids = moe.experts.router.select_experts(
                 hidden_states=hidden, router_logits=logits
@@ -243,7 +245,7 @@ class ReferenceKernel:
                     w1=w13,
                     w2=w2,
                     topk_weights=topk_weights,
-                    topk_ids=topk_ids,
+                    topk_ids=topk_ids - shift,
                     activation=config.activation,
                     global_num_experts=experts.global_num_experts,
                     expert_map=None,
@@ -257,6 +259,19 @@ class ReferenceKernel:
             f"{selected_kernel(experts)}, run here by vLLM's CPU reference "
             "(NaiveBatchedExperts, FP32)"
         )
+
+
+def _batched_id_shift(experts: nn.Module, ep_rank: int) -> int:
+    """What to subtract from expert ids so that vLLM's batched reference
+    finds this rank's experts. It takes rank r's to start at ``local x r``,
+    which holds where the experts split evenly; vLLM places an uneven split
+    (a pruned 806 over 8) with the first ``806 % 8`` ranks one heavier
+    (``determine_expert_map``), so a lighter rank's experts start that many
+    later. The layer's own expert map says where they start."""
+    if experts.expert_map is None:  # no expert parallelism: every expert
+        return 0
+    first = int((experts.expert_map >= 0).nonzero().min())
+    return first - experts.local_num_experts * ep_rank
 
 
 def kernel_path() -> KernelPath:
