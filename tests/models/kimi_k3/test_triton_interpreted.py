@@ -160,6 +160,28 @@ def test_each_gpu_computes_its_share_on_the_triton_kernel(interpreted, config):
 
 
 @pytest.mark.parametrize("config", CONFIGS)
+def test_the_pads_the_kernel_reads_are_zero(interpreted, config):
+    """What the kernel multiplies through past a GPU's checkpoint rows (its
+    prepared weights' rows ``[held, allocated)``) is zero, where memory
+    nobody wrote reads NaN. BF16 and FP8 per channel have no such rows at
+    any Triton layout (the partition is the GPU's even slice); FP8 in
+    [128, 128] blocks holds whole blocks (vLLM's block-aligned loader,
+    ``tp_shard_with_padding``), so the GPUs past the last block (TP32's
+    24-31, TP16's 12-15, ...) hold only pad: their rows must read zero and
+    their output be exactly zero (``test_each_gpu_computes_its_share``)."""
+    cases = interpreted["cases"][config]
+    padded = []
+    for case in cases:
+        result = interpreted["results"][case["label"]]
+        if "failure" in result:
+            continue  # reported by test_each_gpu_computes_its_share
+        assert result["pad_nonzero"] == 0, (case["label"], result)
+        padded += [case["label"]] if result["held"] < result["allocated"] else []
+    # the claim is about real pads only where a layout has some
+    assert bool(padded) == (config == "fp8-block"), (config, padded)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
 def test_the_gpus_shares_tile_every_expert(interpreted, config):
     """The rows the GPUs of a layout hold, one after another in rank order
     (each case's share starts where the GPUs before it end), are every row

@@ -155,6 +155,9 @@ def run_case(kimi_model: Any, case: dict[str, Any]) -> dict[str, Any]:
         experts_here = loaded.experts.local_num_experts
         allocated = loaded.experts.intermediate_size_per_partition
         kernel = path.kernel(loaded.experts)
+        held = layer.shape.intermediate if topology.expert_parallel else None
+        held = held or case["rows"][1] - case["rows"][0]
+        pad = pad_weights(loaded.experts, held)
     if topology.expert_parallel:
         mine = list(range(rank_index * experts_here, (rank_index + 1) * experts_here))
         start, end = 0, layer.shape.intermediate
@@ -171,7 +174,33 @@ def run_case(kimi_model: Any, case: dict[str, Any]) -> dict[str, Any]:
         "finite": finite,
         "kernel": kernel,
         "allocated": allocated,
+        "held": held,
+        "pad_entries": pad.numel(),
+        "pad_nonzero": int(pad.ne(0).sum()),  # NaN is not 0
     }
+
+
+def pad_weights(experts: Any, held: int) -> Any:
+    """Every weight entry the kernel reads past the ``held`` checkpoint rows
+    of the ``allocated`` (``intermediate_size_per_partition``) it multiplies
+    through, as prepared: w13's gate rows ``[held, allocated)`` and up rows
+    ``[allocated + held, 2 x allocated)``, w2's columns ``[held,
+    allocated)``, of every expert; flattened (empty where nothing is padded)."""
+    import torch
+
+    allocated = experts.intermediate_size_per_partition
+    w13, w2 = experts.w13_weight, experts.w2_weight
+    assert w13.shape[1] == 2 * allocated and w2.shape[2] == allocated, (
+        "the kernel's weights are not [experts, 2 x rows, width] and "
+        f"[experts, width, rows]: {tuple(w13.shape)}, {tuple(w2.shape)}"
+    )
+    return torch.cat(
+        [
+            w13[:, held:allocated].float().flatten(),
+            w13[:, allocated + held :].float().flatten(),
+            w2[:, :, held:].float().flatten(),
+        ]
+    )
 
 
 def main() -> None:
