@@ -34,7 +34,19 @@ one place both hold from its first import.
 BF16 the interpreter computes wrong (3e11 where the answer is 4): the layers
 run with an FP32 compute type (``InterpretedTriton``: BF16 parameters
 widened exactly after vLLM prepared them, FP32 activations); FP8 layers run
-FP8 inputs into FP32 sums, as on the GPU.
+FP8 inputs into FP32 sums, as on the GPU. The interpreter's FP32 -> FP8
+cast loses the carry of a round-up (127 -> 64): it is redone as a GPU rounds
+(``stand_ins._narrowing_float_cast``), so vLLM's Triton activation
+quantization hands the GEMM what it would on the GPU; the share rounds the
+GEMMs' inputs to FP8 the same way, written from the format, not vLLM.
+
+Pads: only FP8 in blocks has any at Triton's layouts (BF16 and FP8 per
+channel allocate exactly the rows they load), and there vLLM's own
+block-aligned loader (``tp_shard_with_padding``) writes 0 over each loaded
+expert's pad (1 over its scales) before copying the checkpoint's rows, as
+does the plugin's zero fill before loading: either alone keeps the pad zero
+(``test_the_pads_the_kernel_reads_are_zero`` and the pad-only GPUs'
+exactly-zero output fail only with both turned off).
 
 Kept out, for CI's time (the interpreter runs one program at a time: a GPU
 holding all 3072 rows of an expert costs a quarter of a minute): the
@@ -70,9 +82,14 @@ pytestmark = pytest.mark.triton_interpreted
 
 CONFIGS = ("bf16", "fp8-block", "ct-fp8-channel")
 # Relative error a GPU's output may have against its share: FP32 arithmetic
-# (BF16 layers), or activations quantized to FP8 (3 mantissa bits) before
-# each GEMM. A row out of place or a pad read as NaN is off by ~1 or NaN.
-TOLERANCE = {"bf16": 1e-5, "fp8-block": 0.25, "ct-fp8-channel": 0.25}
+# (BF16 layers), or, for FP8, what is left once the share rounds the GEMMs'
+# inputs to FP8 as the kernel does (``as_fp8_activations``): a value near a
+# rounding boundary (3 mantissa bits) the float64 share rounds the other way
+# (measured: up to 0.024 for FP8 blocks, 0.016 per channel). The synthetic
+# checkpoint's rows vary smoothly, so a GPU loading every row one place off
+# errs by only 0.055-0.075 with FP8 blocks (0.09-0.4 in BF16, 0.6-0.8 per
+# channel, whose per-row scales stay put): the FP8 bound sits between.
+TOLERANCE = {"bf16": 1e-5, "fp8-block": 0.04, "ct-fp8-channel": 0.04}
 MOST_ROWS = 384  # the module docstring: larger partitions are not run here
 INTERMEDIATE = 3072
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,7 +1,8 @@
 """The stand-ins for the CUDA ops around vLLM's Triton MoE kernel
 (``stand_ins.triton_moe_forward_on_cpu``), called through vLLM's own
 wrappers: the slot alignment against what ``moe_align_block_size``'s
-docstring promises the kernel, the top-k sum against plain torch."""
+docstring promises the kernel, the top-k sum against plain torch; the
+interpreter's narrowing float casts against the FP8 grid and torch's."""
 
 from __future__ import annotations
 
@@ -56,3 +57,31 @@ def test_topk_sum_adds_each_tokens_slots():
         ops.moe_sum(rows, held, torch.tensor([[0, 1]] * 3), torch.tensor([0, -1]))
     assert torch.equal(output, rows.sum(dim=1))
     assert torch.equal(held, rows[:, 0])
+
+
+def test_narrowing_float_casts_round_to_nearest_with_the_carry():
+    """FP32 -> FP8 e4m3 (vLLM's Triton activation quantization), BF16, FP16:
+    to nearest, ties to even, a round-up carrying into the exponent, as a
+    GPU's ``cvt.rn`` rounds; the interpreter's own drops that carry."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from vllm_kimi_k3_moe.tools.build.stand_ins import _narrowing_float_cast
+
+    values = torch.tensor([7.9, 31.0, 127.0, 100.0, 200.0, -154.0, 0.01, 447.0])
+    # the e4m3 grid: 8 values a binade, 448 the largest
+    fp8 = [8.0, 32.0, 128.0, 96.0, 192.0, -160.0, 0.009765625, 448.0]
+    convert = _narrowing_float_cast(interpreter._convert_float)
+    nearest = interpreter._ir.ROUNDING_MODE.RTNE  # what ``.to(fp8)`` asks
+    for dtype, expected in (
+        (tl.float8e4nv, torch.tensor(fp8).to(torch.float8_e4m3fn)),
+        (tl.bfloat16, values.to(torch.bfloat16)),
+        (tl.float16, values.to(torch.float16)),
+    ):
+        bits = convert(values.numpy(), tl.float32, dtype, nearest)
+        assert bits.tobytes() == expected.view(torch.uint8).numpy().tobytes(), dtype
+    own = interpreter._convert_float(values.numpy(), tl.float32, tl.float8e4nv, nearest)
+    assert (
+        torch.frombuffer(bytearray(own.tobytes()), dtype=torch.float8_e4m3fn)[2].item()
+        == 64.0
+    ), "the interpreter rounds 127 right now: drop the stand-in"

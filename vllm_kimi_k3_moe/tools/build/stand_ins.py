@@ -738,6 +738,49 @@ def _dynamic_per_token_scaled_fp8_quant_on_cpu(
     scale.copy_(scales)
 
 
+# Triton's float types the interpreter's narrowing casts are redone for, as
+# torch's dtype names (``_narrowing_float_cast``).
+_TORCH_FLOATS = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8e4nv": "float8_e4m3fn",
+    "fp8e5": "float8_e5m2",
+}
+
+
+def _narrowing_float_cast(own: Any) -> Any:
+    """Triton's interpreter's ``_convert_float`` (a float cast in numpy, bit
+    by bit), but narrowing casts rounded to nearest even as a GPU's
+    ``cvt.rn`` rounds them, by torch's cast. The interpreter's own (Triton
+    3.8) loses the carry when rounding up overflows the mantissa: FP32 7.9
+    to FP8 e4m3 gives 4 (a GPU: 8), 127 gives 64, 31 gives 16; so vLLM's
+    Triton activation quantization (``per_token_group_quant_fp8``),
+    interpreted, would hand the MoE GEMM values off by half. Every other
+    cast (widening, integers, round-toward-zero) stays the interpreter's."""
+    import numpy as np
+    import torch
+    from triton.runtime import interpreter
+
+    @functools.wraps(own)
+    def convert(input: Any, input_dtype: Any, output_dtype: Any, rounding_mode: Any):
+        source = _TORCH_FLOATS.get(input_dtype.name)
+        target = _TORCH_FLOATS.get(output_dtype.name)
+        narrowing = input_dtype.primitive_bitwidth > output_dtype.primitive_bitwidth
+        nearest = rounding_mode in (None, interpreter._ir.ROUNDING_MODE.RTNE)
+        if not (source and target and narrowing and nearest):
+            return own(input, input_dtype, output_dtype, rounding_mode)
+        values = torch.frombuffer(
+            bytearray(input.tobytes()), dtype=getattr(torch, source)
+        )
+        bits = output_dtype.primitive_bitwidth
+        cast = values.to(getattr(torch, target)).view(getattr(torch, f"int{bits}"))
+        unsigned = getattr(np, f"uint{bits}")
+        return cast.numpy().view(unsigned).reshape(input.shape)
+
+    return convert
+
+
 @contextmanager
 def triton_moe_forward_on_cpu() -> Iterator[None]:
     """What vLLM's Triton MoE path (``TritonExperts``: ``fused_moe_kernel``
@@ -751,12 +794,21 @@ def triton_moe_forward_on_cpu() -> Iterator[None]:
     again on exit; none is defined where the op exists. And the name of
     the GPU, by which the kernel's launch config (tile sizes) is looked up
     (``get_config_file_name``): an H100's (``TRITON_CONFIG_GPU``), where a
-    CPU's platform has none. Hold no parameters."""
+    CPU's platform has none. And, for the interpreter itself, its narrowing
+    float casts rounded as a GPU rounds them (``_narrowing_float_cast``).
+    Hold no parameters."""
     import torch
+    from triton.runtime import interpreter
     from vllm.model_executor.layers.fused_moe import fused_moe
 
     with ExitStack() as stack:
         stack.enter_context(situ_and_mul_op_on_cpu())
+        stack.enter_context(
+            replaced_attributes(
+                interpreter,
+                _convert_float=_narrowing_float_cast(interpreter._convert_float),
+            )
+        )
         stack.enter_context(
             replaced_attributes(
                 fused_moe, get_device_name_as_file_name=lambda: TRITON_CONFIG_GPU
