@@ -40,7 +40,7 @@ from vllm_kimi_k3_moe.tools.selftest.harness import SelftestCase
 from vllm_kimi_k3_moe.tools.selftest.interpreted_triton import (
     TRITON_BACKEND,
     InterpretedTriton,
-    interpret_triton,
+    interpret_triton_if_possible,
 )
 from vllm_kimi_k3_moe.tools.selftest.kernels import kernel_path
 from vllm_kimi_k3_moe.tools.selftest.report import as_json, screen
@@ -208,9 +208,11 @@ def _run(asked: SelftestInput, workdir: Path) -> SelftestResult:
         no_background_kernel_builds()
     # Triton's kernel is the GPU's own: on a CPU its interpreter runs it, which
     # must be chosen before vLLM (and Triton) is imported
-    interpreting = on_cpu and asked.case.backend == TRITON_BACKEND
-    if interpreting:
-        interpret_triton()
+    interpreting = (
+        on_cpu
+        and asked.case.backend == TRITON_BACKEND
+        and interpret_triton_if_possible()
+    )
     # as vLLM's plugin loader does in every process it starts
     vllm_kimi_k3_moe.register()
     kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)

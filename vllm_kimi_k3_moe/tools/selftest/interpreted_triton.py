@@ -63,6 +63,16 @@ def interpret_triton() -> None:
     os.environ.update(INTERPRETER_ENVIRONMENT)
 
 
+def interpret_triton_if_possible() -> bool:
+    """Choose Triton's interpreter where nothing has imported Triton or vLLM
+    yet (a fresh ``selftest`` process); whether this process now runs Triton
+    kernels interpreted (not where vLLM was imported without it: a caller
+    that imported vLLM first gets the CPU reference kernel)."""
+    if not any(name in sys.modules for name in ("triton", "vllm")):
+        interpret_triton()
+    return interpreted()
+
+
 def interpreted() -> bool:
     """Whether this process runs Triton kernels in the interpreter: set before
     Triton was imported, and vLLM kept Triton on."""
