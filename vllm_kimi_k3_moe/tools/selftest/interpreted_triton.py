@@ -100,6 +100,10 @@ class InterpretedTriton:
     # FP32 on every rank (FP8 layers: FP8 inputs, FP32 sums), summed in
     # another order than the float64 reference
     floor = 1e-5
+    # Not 128 tokens: the interpreter runs the kernel's programs one at a
+    # time, and 128 tokens' blocks of routed slots cost most of the run
+    # (``--tp 2`` FP8 blocks: 2 min 45 s with them on a busy 2-core box).
+    batch_sizes = (1, 16)
 
     def __init__(self) -> None:
         import torch

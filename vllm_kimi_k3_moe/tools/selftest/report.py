@@ -182,7 +182,7 @@ def screen(result: SelftestResult) -> str:
         alone = "not built"
     lines.append(f"vLLM alone  {alone}")
     if result.errors:
-        tokens = ", ".join(map(str, BATCH_SIZES))
+        tokens = ", ".join(map(str, result.errors))
         lines.append(
             f"error       {_error_line(result.errors)} at {tokens} tokens "
             "(GPUs summed vs unsharded)"
