@@ -45,6 +45,12 @@ WIDTH = 128
 EXPERTS = 4
 TOP_K = 2
 BLOCK = 128  # FP8 weight blocks are 128 x 128
+# How each config's kernel quantizes a GEMM's input activations to FP8 before
+# it multiplies (the format's, not vLLM's code): one scale per token and
+# group of this many columns (per-token-group for FP8 blocks, per token for
+# FP8 per channel: the whole row); BF16 is not quantized.
+ACTIVATION_GROUP = {"bf16": None, "fp8-block": BLOCK, "ct-fp8-channel": 1 << 30}
+FP8_MAX = 448.0  # float8_e4m3fn's largest value
 
 
 @functools.cache
@@ -99,14 +105,37 @@ def _expert(tensors: dict[str, Any], expert: int) -> tuple[Any, Any]:
     return torch.cat([weight("w1"), weight("w3")]), weight("w2")
 
 
-def share(layer: Any, start: int, end: int, experts: list[int]) -> Any:
+def as_fp8_activations(values: Any, group: int | None) -> Any:
+    """``values`` ([tokens, columns], float64) as the kernel's FP8 inputs
+    carry them, back in float64: each token's groups of ``group`` columns
+    scaled by their largest magnitude over ``FP8_MAX``, rounded to
+    float8_e4m3fn, scaled back. Unchanged where ``group`` is None."""
+    import torch
+
+    if group is None or values.numel() == 0:
+        return values
+    single = values.float()  # the kernel's activations are FP32
+    rounded = []
+    for part in single.split(min(group, single.shape[-1]), dim=-1):
+        scale = part.abs().amax(dim=-1, keepdim=True) / FP8_MAX
+        scale = scale.clamp(min=torch.finfo(torch.float32).tiny)
+        fp8 = (part / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        rounded.append(fp8.double() * scale.double())
+    return torch.cat(rounded, dim=-1)
+
+
+def share(
+    layer: Any, start: int, end: int, experts: list[int], group: int | None
+) -> Any:
     """The unsharded experts' output from rows ``[start, end)`` of
     ``experts`` alone, float64, with Kimi-K3's routing and SiTU
-    (``reference``)."""
+    (``reference``), the GEMMs' inputs rounded to FP8 in groups of
+    ``group`` columns as the GPU's kernel rounds them (the intermediate
+    over the GPU's own rows: its groups start at ``start``)."""
     from vllm_kimi_k3_moe.tools.selftest.reference import reference_routing, situ
 
     rows = layer.shape.intermediate
-    hidden = layer.inputs.hidden[:TOKENS].double()
+    hidden = as_fp8_activations(layer.inputs.hidden[:TOKENS].double(), group)
     weights, ids = reference_routing(
         layer.inputs.logits[:TOKENS], layer.inputs.bias, layer.shape.top_k
     )
@@ -116,7 +145,8 @@ def share(layer: Any, start: int, end: int, experts: list[int]) -> Any:
         w13, w2 = _expert(layer.tensors, expert)
         gate = hidden[token] @ w13[start:end].T
         up = hidden[token] @ w13[rows + start : rows + end].T
-        contribution = situ(gate, up) @ w2[:, start:end].T
+        intermediate = as_fp8_activations(situ(gate, up), group)
+        contribution = intermediate @ w2[:, start:end].T
         output.index_add_(0, token, contribution * weights[token, slot, None])
     return output
 
@@ -163,7 +193,7 @@ def run_case(kimi_model: Any, case: dict[str, Any]) -> dict[str, Any]:
         start, end = 0, layer.shape.intermediate
     else:
         mine, (start, end) = list(range(experts)), case["rows"]
-    expected = share(layer, start, end, mine)
+    expected = share(layer, start, end, mine, ACTIVATION_GROUP[case["config"]])
     finite = bool(torch.isfinite(output).all())
     if end > start or mine != list(range(experts)):
         error = relative_error(output, expected) if finite else float("nan")
