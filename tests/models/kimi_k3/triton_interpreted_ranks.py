@@ -16,8 +16,11 @@ prepared and run by ``InterpretedTriton`` (vLLM's ``TritonExperts``: its
 ``fused_moe_kernel`` and Triton activation quantization, interpreted) on
 ``TOKENS`` tokens. Its output is compared with its share of the unsharded
 experts in float64, computed here in plain torch from the checkpoint's
-tensors: rows ``[start, end)`` of every expert, or, with expert
-parallelism, its own whole experts.
+tensors (for FP8, the GEMMs' inputs rounded to FP8 as the format defines:
+``as_fp8_activations``): rows ``[start, end)`` of every expert, or, with
+expert parallelism, its own whole experts. It also reports the prepared
+weights past the rows the GPU holds, which the kernel multiplies through
+(``pad_weights``).
 """
 
 from __future__ import annotations
