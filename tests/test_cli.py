@@ -56,7 +56,6 @@ def run_fresh_with_stderr(*argv: str) -> tuple[int, str, list[str], str]:
         [sys.executable, "-c", IMPORT_PROBE, *argv],
         capture_output=True,
         text=True,
-        timeout=120,
         cwd=REPO,  # imports this tree's package
     )
     *err, imported = result.stderr.strip().splitlines()
@@ -227,7 +226,6 @@ def test_the_tools_start_no_humming_build_processes() -> None:
         [sys.executable, "-c", HUMMING_PROBE, "tools"],
         capture_output=True,
         text=True,
-        timeout=300,
         cwd=REPO,
         env=env,
         check=True,
@@ -261,10 +259,16 @@ def test_an_explicit_humming_setting_is_kept(monkeypatch, capsys) -> None:
     [
         ("vllm serve /no/such/Kimi-K3 -tp 8", ["/no/such/Kimi-K3 does not exist"]),
         ("vllm serve -tp 8 --model=/no/such", ["/no/such does not exist"]),
-        ("vllm serve moonshotai/Kimi-K3 -tp 8", ["a Hugging Face id?"]),
+        (
+            "vllm serve moonshotai/Kimi-K3 -tp 8",
+            ["nor in the Hugging Face cache", "hf download moonshotai/Kimi-K3"],
+        ),
     ],
 )
-def test_a_serve_line_without_its_checkpoint_is_refused_before_vllm(line, words):
+def test_a_serve_line_without_its_checkpoint_is_refused_before_vllm(
+    line, words, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache
     status, out, imported, err = run_fresh_with_stderr("check", "--serve-command", line)
     assert (status, out, imported) == (2, "", [])
     assert len(err.splitlines()) == 1
@@ -272,13 +276,18 @@ def test_a_serve_line_without_its_checkpoint_is_refused_before_vllm(line, words)
         assert word in err
 
 
-def test_the_missing_checkpoint_line(capsys) -> None:
+def test_the_missing_checkpoint_line(capsys, tmp_path, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # empty
     with pytest.raises(SystemExit) as exited:
         cli.main(["check", "--serve-command", "vllm serve moonshotai/Kimi-K3"])
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "vllm-kimi-k3-moe check: error: checkpoint directory moonshotai/Kimi-K3 "
-        "does not exist; a Hugging Face id? check reads a downloaded copy"
+        "vllm-kimi-k3-moe check: error: moonshotai/Kimi-K3 is neither a directory "
+        f"nor in the Hugging Face cache ({tmp_path}); download it there with "
+        "`hf download moonshotai/Kimi-K3` (where vllm serve then loads it from), "
+        "or name your copy: `vllm-kimi-k3-moe check DIR --serve-command ...`"
     ]
 
 

@@ -42,10 +42,38 @@ class ServeLine:
     headless: bool  # --headless: a node other than the API server's
 
 
+def _without_line_continuations(command: str) -> str:
+    """``command`` as a POSIX shell reads it before splitting words: a
+    backslash before a newline joins the two lines, except between single
+    quotes (where a backslash is itself). ``shlex`` would keep the newline,
+    a word of its own that vLLM's parser then refuses; ``plan`` breaks its
+    long lines so (``\\`` at a line's end, the next indented)."""
+    kept: list[str] = []
+    quote = ""  # the quote character the scan is inside, if any
+    index = 0
+    while index < len(command):
+        char = command[index]
+        if char == "\\" and quote != "'":
+            pair = command[index : index + 2]
+            if command.startswith("\\\r\n", index):  # a line pasted from Windows
+                pair = "\\\r\n"
+            elif pair != "\\\n":
+                kept.append(pair)  # an escaped character stays escaped
+            index += len(pair)
+            continue
+        if char in "'\"" and quote in ("", char):
+            quote = "" if quote else char
+        kept.append(char)
+        index += 1
+    return "".join(kept)
+
+
 def serve_words(command: str) -> list[str]:
-    """The arguments after ``vllm serve`` (no vLLM import)."""
+    """The arguments after ``vllm serve`` (no vLLM import), the words split
+    as a shell splits them: a line continued over several (``\\`` at a
+    line's end, as ``plan`` prints a long line) is one line."""
     try:
-        words = shlex.split(command)
+        words = shlex.split(_without_line_continuations(command))
     except ValueError as error:
         raise ServeCommandError(f"--serve-command: {error}") from None
     if words[:2] != ["vllm", "serve"]:

@@ -122,6 +122,25 @@ class ConfigFileError(ValueError):
     """A ``config.json`` that cannot be used; the message is one line."""
 
 
+# The model_type of Kimi-K3's config.json and of its language model
+# (vLLM's KimiK3Config and KimiLinearConfig): a config of another
+# model_type is another model, named as such rather than by what it lacks.
+KIMI_K3_MODEL_TYPES = ("kimi_k3", "kimi_linear")
+
+
+def refuse_another_model(document: dict[str, Any], path: Path) -> None:
+    """``ConfigFileError`` naming the model a ``config.json`` of another
+    ``model_type`` (llama, deepseek_v3, ...) describes."""
+    model_type = document.get("model_type")
+    if isinstance(model_type, str) and model_type not in KIMI_K3_MODEL_TYPES:
+        name = model_type.split("_")[0]
+        article = "an" if name[:1] in tuple("aeiou") else "a"
+        raise ConfigFileError(
+            f"config file {path} is {article} {name} model (model_type "
+            f"{model_type!r}), not Kimi-K3"
+        )
+
+
 def _is_moe_layer(text_config: dict[str, Any], index: int) -> bool:
     """As vLLM's ``KimiDecoderLayer`` decides (the MTP block's layer too)."""
     first = text_config.get("first_k_dense_replace", 0)
@@ -191,6 +210,7 @@ def text_config_fields(document: dict[str, Any], path: Path) -> dict[str, Any]:
         raise ConfigFileError(f"config file {path}: text_config is not an object")
     missing = [name for name in REQUIRED_FIELDS if text_config.get(name) is None]
     if missing:
+        refuse_another_model(document, path)
         raise ConfigFileError(
             f"config file {path} lacks {', '.join(missing)} in {where}"
         )

@@ -209,9 +209,15 @@ def other_tensors(spec: KimiK3Spec) -> dict[str, tuple[int, ...]]:
         moe = f"{block}.block_sparse_moe"
         shapes[f"{moe}.gate.weight"] = (spec.num_experts, hidden)
         shapes[f"{moe}.shared_experts.gate_proj.weight"] = (3072, hidden)
-        shapes[f"{moe}.routed_expert_up_proj.weight"] = (
+        # the latent adapters, [output, input]: down to the experts' width
+        # and back up (BF16: the suite's configs leave them unquantized)
+        shapes[f"{moe}.routed_expert_down_proj.weight"] = (
             spec.routed_expert_hidden_size,
             hidden,
+        )
+        shapes[f"{moe}.routed_expert_up_proj.weight"] = (
+            hidden,
+            spec.routed_expert_hidden_size,
         )
     return shapes
 

@@ -256,7 +256,6 @@ def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
         ],
         capture_output=True,
         text=True,
-        timeout=600,
         cwd=Path(__file__).parents[3],  # this tree's package
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -322,3 +321,37 @@ def test_the_advisor_says_how_to_get_any_layouts_command(
         printed = printed.split("node 0:\n")[1].split("node 1:")[0]
     (advised,) = [p for p in advice_16[0] if p.deployment.label() == label]
     assert " ".join(printed.replace("\\\n", " ").split()) == advised.advised_command
+
+
+def test_each_public_layout_says_whether_it_fits_and_how_it_is_run(advice_16):
+    """16 x H200: the recipe's TP8 DP2 is marked and does not fit at plan's
+    defaults; the advisor says so with its row's reason, and the flags the
+    recipe runs it with, in the plan command that sizes it there."""
+    from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
+    from vllm_kimi_k3_moe.tools.plan.report import advice
+
+    plans, refused = advice_16
+    public = public_layouts("h200", 16)
+    out = advice(plans, refused, "16 x H200", public, "", lambda t: f"plan {t}")
+    public_part = out.split("* run in public")[1].split("Not in the table")[0]
+    said = " ".join(public_part.split())
+    (dp2,) = [p for p in plans if p.deployment.label() == "TP8 DP2"]
+    (pp2,) = [p for p in plans if p.deployment.label() == "TP8 PP2"]
+    assert pp2.fits("fixed") and not dp2.fits("fixed")
+    assert "TP8 PP2: fits at plan's defaults" in said
+    assert f"TP8 DP2: does not fit at plan's defaults ({dp2.reason()})" in said
+    assert (
+        "vLLM's recipe runs it with --gpu-memory-utilization 0.97 --max-model-len "
+        "32768 sized so: plan " in said
+    )
+
+
+def test_the_table_defines_its_kv_columns(advice_16):
+    """requests and KV tokens are defined under the table, with why a
+    shorter --max-model-len lowers KV tokens."""
+    from vllm_kimi_k3_moe.tools.plan.report import table
+
+    said = " ".join(table(advice_16[0][:3]).split())
+    assert "requests: how many requests of --max-model-len (131072) tokens" in said
+    assert "KV tokens: requests x --max-model-len" in said
+    assert "a shorter --max-model-len holds more requests and fewer KV tokens" in said

@@ -197,6 +197,14 @@ def test_json_has_each_pipeline_stages_share(tmp_path, capsys) -> None:
     # each stage's GPUs load one of the checkpoint's 3 MoE layers (MTP included)
     per_layer = report["bytes"]["routed_experts"] / 3
     assert stages[0]["per_gpu"][0]["routed_expert_bytes"] == round(per_layer / 2)
+    # per_gpu: each of the 4 GPUs, with what its own stage loads
+    assert [(g["stage"], g["gpu"]) for g in report["per_gpu"]] == [
+        (0, 0), (0, 1), (1, 0), (1, 1)
+    ]  # fmt: skip
+    for gpu in report["per_gpu"]:
+        (same,) = [g for g in stages[gpu["stage"]]["per_gpu"] if g["gpu"] == gpu["gpu"]]
+        assert gpu == {"stage": gpu["stage"], **same}
+    assert report["per_gpu"][0]["routed_expert_bytes"] == round(per_layer / 2)
 
 
 def test_json_does_not_change_an_unusable_input_refusal(tmp_path, capsys) -> None:

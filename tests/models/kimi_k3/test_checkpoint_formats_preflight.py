@@ -3,6 +3,8 @@ will load it, and finds each kind of problem in each format's expert tensors."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.models.kimi_k3.format_checkpoints import (
@@ -84,10 +86,19 @@ def test_check_names_the_method_vllm_builds(format_experts, fmt):
     assert type(experts.quant_method).__name__ in recognised.loads_as
 
 
+MODELOPT_HF_QUANT_CONFIG = {
+    "quant_algo": "NVFP4",
+    "group_size": 16,
+    "exclude_modules": QUANTIZATION_CONFIGS["modelopt-nvfp4"]["ignore"],
+}
+
+
 def test_modelopt_hf_quant_config_is_read(tmp_path, capsys):
     write_format_checkpoint(tmp_path, "modelopt-nvfp4")
+    # the suite's checkpoints keep the adapters BF16: the file says so
+    # (without it vLLM would quantize every linear layer, adapters included)
     (tmp_path / "hf_quant_config.json").write_text(
-        '{"quantization": {"quant_algo": "NVFP4", "group_size": 16}}'
+        json.dumps({"quantization": MODELOPT_HF_QUANT_CONFIG})
     )
     status, out = check(capsys, str(tmp_path))
     assert status == 0, out

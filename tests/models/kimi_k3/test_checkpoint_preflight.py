@@ -400,6 +400,7 @@ def test_every_nodes_line_of_a_launch_checks_its_layout(write, capsys) -> None:
         ("-tp 8 -dcp 16", ["--tp", "8", "--dcp", "16"], ["dcp_size"]),
         ("-tp 8 --prefill-context-parallel-size 2", ["--pcp", "2"], ["MLA"]),
         ("-tp 5", ["--tp", "5"], ["heads"]),
+        ("-tp 3", ["--tp", "3"], ["TP sizes that work: 1, 2, 4, 8, 16, 32"]),
     ],
 )
 def test_a_serve_command_is_refused_as_plan_refuses_it(
@@ -526,6 +527,13 @@ def no_shards(directory: Path) -> Path:
     return directory
 
 
+def another_model(directory: Path) -> Path:
+    """A Llama's config.json (Meta-Llama-3-8B's, cut to its shape)."""
+    llama = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32}
+    (directory / "config.json").write_text(json.dumps(llama))
+    return directory
+
+
 def unreadable_index(directory: Path) -> Path:
     (directory / "model.safetensors.index.json").write_text("{")
     return directory
@@ -575,6 +583,7 @@ def test_a_text_only_checkpoint_is_read_under_model_layers(write, capsys) -> Non
         (fp8, "quantization_config.quant_method 'fp8'; check knows"),
         (no_shards, "holds neither model.safetensors.index.json nor *.safetensors"),
         (unreadable_index, "is not a usable safetensors index"),
+        (another_model, "is a llama model (model_type 'llama'), not Kimi-K3"),
     ],
 )
 def test_unusable_input_is_one_line_and_status_2(
@@ -705,3 +714,70 @@ def test_a_config_with_per_layer_expert_counts_is_refused(
         "896); vLLM builds every MoE layer with num_experts (896), so layers "
         "pruned unevenly cannot be served\n"
     )
+
+
+# The latent adapters of MoE layer 1, [output, input] (the tiny spec: the
+# residual 512 wide, the experts 256).
+UP_PROJ = "language_model.layers.1.block_sparse_moe.routed_expert_up_proj"
+DOWN_PROJ = "language_model.layers.1.block_sparse_moe.routed_expert_down_proj"
+
+
+def test_the_adapters_are_checked_as_the_config_builds_them(write, capsys) -> None:
+    """The release's config leaves the adapters BF16: every layer's two are
+    checked (3 MoE layers x 2), and a broken one is a problem."""
+    status, out = check(capsys, str(write()))
+    assert status == 0, out
+    assert (
+        "adapters    routed_expert_down_proj and up_proj per layer, BF16, left "
+        "unquantized by config.json: 6 expected, 6 found and checked"
+    ) in out
+    wrong = torch.ones((256, 512), dtype=torch.bfloat16)  # down's shape, up's name
+    status, out = check(capsys, str(write(replace(f"{UP_PROJ}.weight", wrong))))
+    assert status == 1
+    assert (
+        f"shape: {UP_PROJ}.weight: is [256, 512], expected [512, 256], BF16 "
+        "(config.json leaves the adapters unquantized)"
+    ) in out
+
+
+def quantize_the_adapters(directory: Path) -> None:
+    """config.json's ignore list without the adapters: vLLM then builds
+    them quantized as the experts (MXFP4)."""
+    config = json.loads((directory / "config.json").read_text())
+    ignore = config["quantization_config"]["ignore"]
+    config["quantization_config"]["ignore"] = [
+        entry for entry in ignore if "routed_expert" not in entry
+    ]
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_adapters_a_config_quantizes_must_be_stored_quantized(write, capsys) -> None:
+    directory = write()
+    quantize_the_adapters(directory)
+    status, out = check(capsys, str(directory), "--all")
+    assert status == 1
+    assert (
+        f"missing: {UP_PROJ}.weight_packed: expected [512, 128] U8, quantized as "
+        "its experts (config.json quantizes the adapters)"
+    ) in out
+    assert f"unexpected: {UP_PROJ}.weight: vLLM builds this layer's adapters" in out
+
+    def mxfp4_adapters(shards: Shards) -> None:
+        for layer in (1, 2, 3):
+            for name, (output, input_) in {
+                "routed_expert_down_proj": (256, 512),
+                "routed_expert_up_proj": (512, 256),
+            }.items():
+                base = f"language_model.layers.{layer}.block_sparse_moe.{name}"
+                del holding(shards, f"{base}.weight")[f"{base}.weight"]
+                shards[-1][f"{base}.weight_packed"] = bytes_of(output, input_ // 2)
+                shards[-1][f"{base}.weight_scale"] = bytes_of(output, input_ // 32)
+
+    directory = write(mxfp4_adapters)
+    quantize_the_adapters(directory)
+    status, out = check(capsys, str(directory))
+    assert status == 0, out
+    assert (
+        "adapters    routed_expert_down_proj and up_proj per layer, quantized as "
+        "the experts (weight_packed, weight_scale): 12 expected, 12 found"
+    ) in out

@@ -94,3 +94,35 @@ def test_the_log_line_is_what_a_real_build_logs(build_kimi_moe) -> None:
     line = moe.experts.routed_experts.kimi_k3_partition.log_line()
     assert line.startswith(doctor.LOG_LINE)
     assert line.startswith(doctor.LOG_EXAMPLE.removesuffix(" ..."))
+
+
+# doctor in a new process: its answer, and whether torch's compiler (what
+# vLLM's package initialiser imports) was imported
+DOCTOR_ALONE = """
+import sys
+from vllm_kimi_k3_moe.tools.cli import doctor
+print("\\n".join(doctor.diagnose().lines))
+compiler = "torch._inductor" in sys.modules
+print("compiler imported" if compiler else "compiler not imported")
+"""
+
+
+@pytest.mark.parametrize("plugins", [UNSET, "lora_filesystem_resolver"])
+def test_doctor_alone_answers_as_with_vllm_imported(plugins) -> None:
+    """In its own process doctor skips vLLM's package initialiser; its
+    answer is the one given with vLLM imported whole (this process)."""
+    import subprocess
+    import sys
+
+    import vllm  # noqa: F401  (whole, initialiser run)
+
+    alone = subprocess.run(
+        [sys.executable, "-c", DOCTOR_ALONE],
+        capture_output=True,
+        text=True,
+        env=environment(plugins),
+        timeout=300,
+        check=True,
+    ).stdout.splitlines()
+    assert alone[-1] == "compiler not imported"
+    assert alone[:-1] == doctor.diagnose(environment(plugins)).lines

@@ -6,22 +6,36 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import MXFP4_FORMATS
+from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
+from vllm_kimi_k3_moe.tools.cli.common import _refuse_non_lengths
 from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS, KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Serving
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
 GB = 1e9
+# Meta-Llama-3-8B's config.json, cut to its shape: a model without experts.
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+}
 
 
 def plan(deployment: Deployment):
@@ -268,6 +282,17 @@ def write(tmp_path, content: str):
 BAD_INPUT = [
     # (case, arguments, words the one-line error must contain)
     ("tp not dividing the heads", ["--tp", "7"], ["96", "7", "heads"]),
+    # 96 heads and 163840 vocabulary rows split over TP1-TP32 alone (powers of 2)
+    (
+        "tp that builds nothing",
+        ["--tp", "3"],
+        ["TP 3", "; TP sizes that work: 1, 2, 4, 8, 16, 32"],
+    ),
+    (
+        "tp with other sizes kept",
+        ["--tp", "6", "--pp", "2", "--ep"],
+        ["TP sizes that work with PP2 EP: 1, 2, 4, 8, 16, 32"],
+    ),
     ("tp x dp not dividing", ["--tp", "8", "--dp", "5"], ["3072", "40 GPUs"]),
     (
         "tp not dividing the vocabulary",
@@ -389,6 +414,7 @@ def test_kv_options_without_a_gpu_size_are_noted(capsys, arguments, noted, servi
             json.dumps({"text_config": {"hidden_size": 7168}}),
             ["lacks", "num_experts", "in text_config"],
         ),
+        (json.dumps(LLAMA_CONFIG), ["is a llama model (model_type 'llama'), not Kimi"]),
         (
             json.dumps({**KIMI_K3_MOE_FIELDS, "num_experts": "896"}),
             ["num_experts", "'896'"],
@@ -413,6 +439,7 @@ def test_kv_options_without_a_gpu_size_are_noted(capsys, arguments, noted, servi
         "not json",
         "not an object",
         "missing field",
+        "another model",
         "field not int",
         "no attention fields",
         "layer frequency 0",
@@ -493,18 +520,61 @@ def test_max_model_len_reads_as_vllm_reads_it(vllm_serve_parser, length):
     assert _plan_input(args).serving.max_model_len == by_vllm.max_model_len
 
 
+@pytest.mark.parametrize(
+    "length", ["131072x", "abc", "12 8k", "128kb", "1e5", "0x100", "", "128 K"]
+)
+def test_a_length_refused_before_vllm_is_refused_by_vllm(vllm_serve_parser, length):
+    """What plan refuses before importing vLLM, vLLM's parser refuses too."""
+    with pytest.raises(DeploymentError, match="not a length vLLM takes"):
+        _refuse_non_lengths(length)
+    with pytest.raises(SystemExit):
+        vllm_serve_parser.parse_args(["--max-model-len", length])
+
+
+@pytest.mark.parametrize(
+    "length", ["1_000", "+5", " 12 ", "1.5m", "AUTO", "-1", "1.5K", "0", "25.6k"]
+)
+def test_what_vllm_reads_is_left_to_vllm(vllm_serve_parser, length):
+    """What vLLM reads (or refuses in its own words) reaches vLLM's parser."""
+    _refuse_non_lengths(length)
+
+
+def test_a_length_typo_is_refused_without_importing_vllm():
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from vllm_kimi_k3_moe.tools.cli import main\n"
+            "try:\n"
+            "    main(['plan', '--gpus', '8', '--gpu', 'h200', '--max-model-len', "
+            "'131072x'])\n"
+            "finally:\n"
+            "    print(sorted({'vllm', 'torch'} & set(sys.modules)))\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert imported.returncode == 2
+    assert imported.stdout.strip() == "[]"
+    assert "--max-model-len '131072x' is not a length" in imported.stderr
+
+
 def test_console_script_is_installed_and_fails_fast():
     """The installed command: a bad topology is refused before vLLM is imported."""
     command = shutil.which("vllm-kimi-k3-moe")
     assert command is not None, "pip install the package: the console script"
     result = subprocess.run(
-        [command, "plan", "--tp", "7"], capture_output=True, text=True, timeout=60
+        [command, "plan", "--tp", "7"], capture_output=True, text=True
     )
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [  # the heads are checked first
         "vllm-kimi-k3-moe plan: error: num_attention_heads 96 does not split evenly "
-        "over tensor-parallel size 7; vLLM gives every rank the same whole heads"
+        "over tensor-parallel size 7; vLLM gives every rank the same whole heads; "
+        "TP sizes that work: 1, 2, 4, 8, 16, 32"
     ]
 
 
@@ -513,7 +583,6 @@ def test_help_lists_the_backends():
         [shutil.which("vllm-kimi-k3-moe") or "false", "plan", "--help"],
         capture_output=True,
         text=True,
-        timeout=60,
         check=True,
     ).stdout
     for word in ("--gpus", "--gpu-memory-gib", "--moe-backend", "flashinfer_trtllm"):
@@ -629,3 +698,50 @@ def test_a_note_is_in_the_rows_unit(kimi_k3_deployment_plans, sized_after_warmup
     if plan.budget.after_warmup != sized_after_warmup:
         pytest.skip(f"not how {VLLM} sizes the KV cache")
     assert plan.reason() == note
+
+
+@pytest.mark.parametrize(
+    ("given", "noted"),
+    [
+        (["--quantization", "nvfp4"], True),  # its preset quantizes them
+        (["--quantization", "fp8-block"], True),
+        (["--quantization", "mxfp4"], False),  # the release's leaves them BF16
+        (["--quantization", "w4a16"], False),
+    ],
+)
+def test_plan_says_what_its_preset_assumes_of_the_adapters(given, noted, capsys):
+    _plan_input(build_parser().parse_args(["plan", *given]))
+    err = capsys.readouterr().err
+    assert ("quantizes the latent adapters" in err) == noted, err
+
+
+def test_a_config_of_its_own_is_sized_without_a_preset_note(tmp_path, capsys):
+    config = {"text_config": KIMI_K3_TEXT_CONFIG}
+    config["quantization_config"] = QUANTIZATION_CONFIGS["nvfp4"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _plan_input(build_parser().parse_args(["plan", "--config", str(tmp_path)]))
+    assert "preset" not in capsys.readouterr().err
+
+
+def test_a_shorter_max_model_len_holds_more_requests_and_fewer_tokens(
+    kimi_k3_deployment_plans,
+):
+    """What the tables' note says, as vLLM's own planner sizes it (TP32 on
+    H20s): each request's KDA state is paid whatever its length."""
+    from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+    from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+    from vllm_kimi_k3_moe.tools.plan.planner import Planner
+
+    long = kimi_k3_deployment_plans[32].fixed_kv
+    budget = GpuBudget(gpu_preset("h20").memory_gib)
+    serving = Serving(max_model_len=10_000)
+    with Planner(KIMI_K3_TEXT_CONFIG, serving, budget) as planner:
+        short = planner.plan(Deployment(32)).fixed_kv
+    assert short.concurrency > long.concurrency
+    assert short.tokens < long.tokens
+
+
+def test_the_gpu_given_by_its_memory_is_named_in_the_headings_unit() -> None:
+    """The advisor's heading counts in GB (10^9 bytes): 80 GiB is 85.9 GB."""
+    args = build_parser().parse_args(["plan", "--gpu-memory-gib", "80", "--tp", "8"])
+    assert _plan_input(args).gpu_title == "85.9 GB"

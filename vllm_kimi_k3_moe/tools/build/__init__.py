@@ -142,6 +142,13 @@ suite's build tests fail when a name moves.
     nothing is loaded. Why: the tools have no weights and no GPU. Re-check:
     that ``load_dspark_model`` and ``load_eagle_model`` still call
     ``get_model``, and from where.
+``stand_ins.vllm_without_its_package_initialiser``
+    Replaces the ``vllm`` package module (in ``sys.modules``) by one made
+    from its spec and not executed, while ``doctor`` imports ``vllm.plugins``,
+    ``vllm.version`` and ``vllm.platforms``. Why: ``vllm/__init__.py``
+    imports torch's compiler (``vllm.env_override``) for settings the plugin
+    loader never reads: seconds of a question that takes one. Re-check:
+    ``vllm/plugins/__init__.py``'s imports (``vllm.envs`` only).
 ``vllm_config.parallel_config``
     Names the distributed executor backend vLLM resolves on the serving
     nodes (``mp``) and the ``--nnodes`` launch node 0's serve line asks for

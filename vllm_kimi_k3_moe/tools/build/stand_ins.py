@@ -23,9 +23,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import pkgutil
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from vllm_kimi_k3_moe.compat import extensible_kv_cache_resolver
@@ -507,11 +510,86 @@ def _yes() -> bool:
     return True
 
 
+# The compute capability of the GPU the MoE kernels are selected for, where
+# one is named (``a_gpu_of_capability``); None: any GPU that runs the kernel.
+_SERVING_GPU: ContextVar[tuple[int, int] | None] = ContextVar(
+    "serving_gpu", default=None
+)
+# GPU generations asked to tell a device check that reads the GPU's compute
+# capability from one that asks for what this machine lacks (a compiled op,
+# a kernel library): Hopper, Blackwell (B200, B300), Blackwell workstation.
+_GENERATIONS = ((9, 0), (10, 0), (10, 3), (12, 0))
+
+
+@contextmanager
+def _platform_of_capability(capability: tuple[int, int]) -> Iterator[None]:
+    """vLLM's current platform as a CUDA GPU of ``capability`` (its class's
+    ``_enum`` and ``get_device_capability``, which ``is_cuda``,
+    ``has_device_capability``, ``is_device_capability`` and
+    ``is_device_capability_family`` read): only while a kernel's device
+    check runs, never while a layer is built."""
+    from vllm.platforms import PlatformEnum, current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    def of_the_gpu(cls: type, device_id: int = 0) -> DeviceCapability:
+        return DeviceCapability(*capability)
+
+    with replaced_attributes(
+        type(current_platform),
+        _enum=PlatformEnum.CUDA,
+        get_device_capability=classmethod(of_the_gpu),
+    ):
+        yield
+
+
+def runs_on_capability(kernel: type, capability: tuple[int, int]) -> bool | None:
+    """vLLM's own device check of an MoE ``kernel``
+    (``_supports_current_device``) on a GPU of ``capability``; None where it
+    says no on every GPU generation: it asks for what this machine lacks,
+    not for a GPU, and cannot be answered here."""
+
+    def answer(of: tuple[int, int]) -> bool:
+        with _platform_of_capability(of):
+            try:
+                return bool(kernel._supports_current_device())
+            except Exception:  # an abstract base's, or a library's failure
+                return False
+
+    if answer(capability):
+        return True
+    if not any(answer(other) for other in _GENERATIONS if other != capability):
+        return None
+    return False
+
+
+@contextmanager
+def a_gpu_of_capability(capability: tuple[int, int]) -> Iterator[None]:
+    """While ``moe_kernels_on_their_gpu`` is entered within it, each MoE
+    kernel's device check answers as on a GPU of ``capability``
+    (``runs_on_capability``; yes where that cannot be told here), so that
+    vLLM's own selection picks, or refuses, ``--moe-backend`` as there."""
+    token = _SERVING_GPU.set(capability)
+    try:
+        yield
+    finally:
+        _SERVING_GPU.reset(token)
+
+
+def _device_check(kernel: type) -> Any:
+    """The device check ``moe_kernels_on_their_gpu`` gives ``kernel``."""
+    capability = _SERVING_GPU.get()
+    if capability is None:
+        return staticmethod(_yes)
+    runs = runs_on_capability(kernel, capability) is not False
+    return staticmethod(lambda: runs)
+
+
 @contextmanager
 def moe_kernels_on_their_gpu() -> Iterator[None]:
     """Let vLLM's own backend selection pick any MoE kernel (``--moe-backend
     NAME``) as it would on a GPU that runs it, though a CPU box has none:
-    every kernel's device check (``_supports_current_device``) answers yes,
+    every kernel's device check (``_supports_current_device``) answers yes
+    (within ``a_gpu_of_capability``: as on that GPU),
     the platform reports FP8 support (Triton's FP8 schemes depend on it), and
     the unquantized oracle lists the CUDA backends. What each kernel accepts
     of the layer (its activation, quantization scheme, shapes) is still
@@ -525,13 +603,16 @@ def moe_kernels_on_their_gpu() -> Iterator[None]:
         # hasattr: some kernels inherit the check from a base that is not a
         # FusedMoEExperts (the TRT-LLM ones); replaced_attributes deletes it
         # again on exit, so they inherit it again.
-        for kernel in _moe_kernel_classes():
-            if hasattr(kernel, "_supports_current_device"):
-                stack.enter_context(
-                    replaced_attributes(
-                        kernel, _supports_current_device=staticmethod(_yes)
-                    )
-                )
+        # every answer first: a kernel may inherit its base's check
+        checks = {
+            kernel: _device_check(kernel)
+            for kernel in _moe_kernel_classes()
+            if hasattr(kernel, "_supports_current_device")
+        }
+        for kernel, check in checks.items():
+            stack.enter_context(
+                replaced_attributes(kernel, _supports_current_device=check)
+            )
         stack.enter_context(replaced_attributes(current_platform, supports_fp8=_yes))
         stack.enter_context(
             replaced_attributes(
@@ -846,3 +927,30 @@ def triton_moe_forward_on_cpu() -> Iterator[None]:
             library.define(name + schema)
             library.impl(name, kernel, "CPU")
         yield
+
+
+@contextmanager
+def vllm_without_its_package_initialiser() -> Iterator[None]:
+    """Import ``vllm``'s submodules (``vllm.plugins``, ``vllm.version``,
+    ``vllm.platforms``) without running ``vllm/__init__.py`` first: the
+    package module is made from its spec but not executed. Why: that file
+    imports ``vllm.env_override``, which imports torch and its compiler
+    (inductor, dynamo: 5-10 s idle, more on a loaded host) to set compiler
+    options, none of which vLLM's plugin loader reads (``vllm.plugins``
+    imports only ``vllm.envs``, which is the standard library). ``doctor``
+    asks the loader through it. On exit every ``vllm`` module imported
+    inside is forgotten, so a later ``import vllm`` runs the real
+    initialiser; where vLLM is imported already, nothing is replaced.
+    Re-check: ``vllm/plugins/__init__.py``'s imports."""
+    if "vllm" in sys.modules:
+        yield
+        return
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
+    sys.modules["vllm"] = importlib.util.module_from_spec(spec)
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+            del sys.modules[name]

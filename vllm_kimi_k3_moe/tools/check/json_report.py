@@ -2,9 +2,11 @@
 
 Keys: ``checkpoint``, ``status`` (the exit status: 0 clean, 1 problems),
 ``headline`` (the cause, or null), ``format``, ``topology``, ``shards``,
-``bytes``, ``layers``, ``expert_tensors``, ``per_gpu`` (per GPU of the MoE
-group: ``experts`` and ``rows`` as half-open [start, end) ranges and the
-routed-expert checkpoint bytes it loads, over every MoE layer), ``summary``
+``bytes``, ``layers``, ``expert_tensors``, ``per_gpu`` (one entry per GPU
+of the deployment, each its pipeline ``stage`` and its place ``gpu`` in that
+stage's MoE group: ``experts`` and ``rows`` as half-open [start, end) ranges
+and the routed-expert checkpoint bytes that GPU loads, over its stage's MoE
+layers: every MoE layer without ``--pp``), ``summary``
 (problems per kind and per shard), ``problems`` (every one: kind, subject,
 detail, shard), with ``--pp`` ``stages`` (each stage's ``layers`` [start,
 end), ``moe_layers`` and ``per_gpu``) and, with ``--moe-backend``,
@@ -57,7 +59,22 @@ def as_dict(report: PreflightReport) -> dict[str, Any]:
             "expected": report.expert_tensors_expected,
             "found": report.expert_tensors_found,
         },
-        "per_gpu": _per_gpu(report.shares),
+        "adapter_tensors": {
+            "quantized": layout.adapters_quantized,
+            "per_layer": [key for key, _ in layout.adapter_contracts()],
+            "expected": report.adapter_tensors_expected,
+            "found": report.adapter_tensors_found,
+        },
+        # each GPU loads its own stage's MoE layers, not the model's
+        "per_gpu": (
+            [
+                {"stage": stage.stage, **share}
+                for stage in report.stages
+                for share in _per_gpu(stage.shares)
+            ]
+            if topology.pp_size > 1
+            else [{"stage": 0, **share} for share in _per_gpu(report.shares)]
+        ),
         "summary": {
             "problems": len(problems),
             "by_kind": problems.counts(),

@@ -13,6 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from vllm_kimi_k3_moe.formats import CheckpointFormat, FormatError, recognise
+from vllm_kimi_k3_moe.formats.adapters import (
+    ADAPTERS,
+    adapter_contracts,
+    adapters_quantized,
+)
+from vllm_kimi_k3_moe.formats.bf16 import TENSORS as BF16_TENSORS
 from vllm_kimi_k3_moe.formats.layouts import TensorContract
 from vllm_kimi_k3_moe.tools.text_config import (
     ConfigFileError,
@@ -49,6 +55,8 @@ class KimiK3Layout:
     # config.json's quantization_config (None: none, or ModelOpt's own file),
     # which vLLM builds the experts' method from
     quantization_config: dict[str, Any] | None = None
+    # whether the config quantizes the latent adapters (``formats.adapters``)
+    adapters_quantized: bool = False
 
     @property
     def hidden(self) -> int:
@@ -94,6 +102,31 @@ class KimiK3Layout:
         ]
 
     @property
+    def has_adapters(self) -> bool:
+        """Latent MoE: vLLM builds the two adapters in every MoE layer."""
+        return self.text_config.get("routed_expert_hidden_size") is not None
+
+    def adapter_contracts(self) -> list[tuple[str, TensorContract]]:
+        """("routed_expert_up_proj.weight_packed", its contract) for every
+        tensor of one layer's adapters: as the format stores an expert's
+        down projection where the config quantizes them, else BF16."""
+        if not self.has_adapters:
+            return []
+        tensors = self.format.tensors if self.adapters_quantized else BF16_TENSORS
+        hidden = self.text_config["hidden_size"]
+        return [
+            (f"{adapter}.{suffix}", contract)
+            for adapter in ADAPTERS
+            for suffix, contract in adapter_contracts(
+                tensors, adapter, hidden, self.hidden
+            ).items()
+        ]
+
+    def adapter_prefix(self, layer: int) -> str:
+        """What every checkpoint key of one layer's adapters starts with."""
+        return f"{self.prefix}{layer}.block_sparse_moe."
+
+    @property
     def expected_tensors(self) -> int:
         per_expert = len(self.format.tensors.contracts(self.hidden, self.intermediate))
         return len(self.layers) * self.num_experts * per_expert
@@ -132,6 +165,7 @@ def read_layout(directory: Path, language_model: bool = False) -> KimiK3Layout:
         quantization_config=(
             quantization_config if isinstance(quantization_config, dict) else None
         ),
+        adapters_quantized=adapters_quantized(quantization_config, hf_quant_config),
     )
 
 

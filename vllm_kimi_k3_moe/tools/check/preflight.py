@@ -21,6 +21,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_kimi_k3_moe.formats import published_checkpoint_formats
+from vllm_kimi_k3_moe.formats.adapters import ADAPTERS
+from vllm_kimi_k3_moe.formats.bf16 import BF16, TENSORS
+from vllm_kimi_k3_moe.formats.layouts import TensorContract
+from vllm_kimi_k3_moe.formats.record import CheckpointFormat
 from vllm_kimi_k3_moe.tools.check.layout import (
     KimiK3Layout,
     PreflightInputError,
@@ -36,6 +41,7 @@ from vllm_kimi_k3_moe.tools.check.pruned_layers import (
 from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
     CheckpointDirError,
     CheckpointTensors,
+    HeaderTensor,
     read_checkpoint_tensors,
 )
 from vllm_kimi_k3_moe.tools.check.sharding import (
@@ -48,8 +54,8 @@ from vllm_kimi_k3_moe.tools.topology import (
     DeploymentError,
     Topology,
     validate_backend,
-    validate_topology,
 )
+from vllm_kimi_k3_moe.tools.tp_sizes import validate_with_working_tp_sizes
 
 __all__ = [
     "PreflightInputError",
@@ -58,6 +64,8 @@ __all__ = [
     "refuse_a_missing_directory",
 ]
 
+# How unquantized adapters are stored, among the ways ``check`` knows.
+BF16_FORMAT = CheckpointFormat(BF16, "BF16", TENSORS)
 _ANY_EXPERT_TENSOR = re.compile(r"layers\.\d+\.block_sparse_moe\.experts\.\d+\.")
 
 
@@ -71,6 +79,7 @@ class PreflightReport:
     total_bytes: int = 0
     expert_bytes: int = 0
     expert_tensors_found: int = 0
+    adapter_tensors_found: int = 0
     problems: ProblemLog = field(default_factory=ProblemLog)
     # the cause, when the expert tensors are in another format than declared
     # or the layers hold different expert counts, and what fixes it (None:
@@ -81,6 +90,10 @@ class PreflightReport:
     @property
     def expert_tensors_expected(self) -> int:
         return self.layout.expected_tensors
+
+    @property
+    def adapter_tensors_expected(self) -> int:
+        return len(self.layout.layers) * len(self.layout.adapter_contracts())
 
     @property
     def shares(self) -> list[GpuShare]:
@@ -146,17 +159,7 @@ def _compare(report: PreflightReport, checkpoint: CheckpointTensors) -> None:
                         shard,
                     )
                 elif not contract.fits(tensor.shape, tensor.dtype):
-                    shard = shard_of[name]
-                    for breach in contract.breaches(tensor.shape, tensor.dtype):
-                        found, expected = breach.found, breach.expected
-                        if breach.kind == "shape":
-                            found, expected = _shape(found), _shape(expected)
-                        log.add(
-                            breach.kind,
-                            name,
-                            f"is {found}, expected {expected} (in {shard})",
-                            shard,
-                        )
+                    _log_breaches(log, name, contract, tensor, shard_of[name])
     report.expert_tensors_found = layout.expected_tensors - missing
     report.expert_bytes = checkpoint.unique_bytes - sum(
         tensor.nbytes for tensor in remaining.values()
@@ -171,6 +174,71 @@ def _compare(report: PreflightReport, checkpoint: CheckpointTensors) -> None:
                 shards[-1],
             )
     _log_unexpected(report, remaining, shard_of)
+
+
+def _log_breaches(
+    log: ProblemLog,
+    name: str,
+    contract: TensorContract,
+    tensor: HeaderTensor,
+    shard: str,
+    why: str = "",
+) -> None:
+    """One problem per way ``tensor`` breaks its contract."""
+    for breach in contract.breaches(tensor.shape, tensor.dtype):
+        found, expected = breach.found, breach.expected
+        if breach.kind == "shape":
+            found, expected = _shape(found), _shape(expected)
+        detail = f"is {found}, expected {expected}{why} (in {shard})"
+        log.add(breach.kind, name, detail, shard)
+
+
+def _compare_adapters(report: PreflightReport, checkpoint: CheckpointTensors) -> None:
+    """Every MoE layer's latent adapters held to their contracts, as the
+    experts are (quantized as they are where the config quantizes them,
+    else BF16); a tensor of theirs the contracts do not name, as the other
+    way of storing them leaves, is unexpected."""
+    layout, log = report.layout, report.problems
+    contracts = dict(layout.adapter_contracts())
+    if not contracts:
+        return
+    known = {
+        f"{adapter}.{suffix}"
+        for adapter in ADAPTERS
+        for fmt in (*published_checkpoint_formats(), BF16_FORMAT)
+        for suffix in fmt.tensors.suffixes
+    }
+    how = (
+        f"quantized as its experts ({layout.declared_in} quantizes the adapters)"
+        if layout.adapters_quantized
+        else f"BF16 ({layout.declared_in} leaves the adapters unquantized)"
+    )
+    tensors, shard_of = checkpoint.tensors, checkpoint.shard_of
+    for layer in layout.layers:
+        base = layout.adapter_prefix(layer)
+        for key, contract in contracts.items():
+            name = base + key
+            tensor = tensors.get(name)
+            if tensor is None:
+                if checkpoint.weight_map.get(name) in checkpoint.broken_shards:
+                    continue  # the shard's own problem says it
+                log.add(
+                    "missing",
+                    name,
+                    f"expected {_shape(contract.shape)} {contract.dtype_text}, {how}",
+                    checkpoint.weight_map.get(name),
+                )
+                continue
+            report.adapter_tensors_found += 1
+            _log_breaches(log, name, contract, tensor, shard_of[name], f", {how}")
+        for key in sorted(known - contracts.keys()):
+            if base + key in tensors:
+                log.add(
+                    "unexpected",
+                    base + key,
+                    f"vLLM builds this layer's adapters {how}",
+                    shard_of[base + key],
+                )
 
 
 def _log_shards(
@@ -237,7 +305,7 @@ def preflight(
     try:
         if backend is not None:
             validate_backend(layout.format.format.name, backend)
-        validate_topology(layout.text_config, parallelism)
+        validate_with_working_tp_sizes(layout.text_config, parallelism)
     except DeploymentError as error:
         raise PreflightInputError(str(error)) from None
     try:
@@ -253,8 +321,13 @@ def preflight(
         total_bytes=checkpoint.total_bytes,
     )
     _compare(report, checkpoint)
+    _compare_adapters(report, checkpoint)
     if report.problems:
-        pruned = pruned_per_layer(layout, checkpoint.tensors)
+        pruned = (
+            None  # a broken shard leaves layers short too
+            if checkpoint.broken_shards
+            else pruned_per_layer(layout, checkpoint.tensors)
+        )
         if pruned is not None:
             report.mismatch, report.fix = pruned, PRUNED_PER_LAYER_FIX
         else:

@@ -62,7 +62,27 @@ def summary(report: PreflightReport) -> list[str]:
         f"(w1, w3, w2 x {', '.join(suffixes)}): "
         f"{report.expert_tensors_expected} expected, "
         f"{report.expert_tensors_found} found and checked",
+        *_adapters(report),
         *per_gpu(report),
+    ]
+
+
+def _adapters(report: PreflightReport) -> list[str]:
+    """The latent adapters' line: how they are stored, and the count."""
+    layout = report.layout
+    contracts = layout.adapter_contracts()
+    if not contracts:
+        return []
+    suffixes = sorted({key.split(".", 1)[1] for key, _ in contracts})
+    how = (
+        f"quantized as the experts ({', '.join(suffixes)})"
+        if layout.adapters_quantized
+        else f"BF16, left unquantized by {layout.declared_in}"
+    )
+    return [
+        f"adapters    routed_expert_down_proj and up_proj per layer, {how}: "
+        f"{report.adapter_tensors_expected} expected, "
+        f"{report.adapter_tensors_found} found and checked"
     ]
 
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FORMATS
+from vllm_kimi_k3_moe.tools.check.hub_cache import checkpoint_directory
 from vllm_kimi_k3_moe.tools.check.json_report import as_json
 from vllm_kimi_k3_moe.tools.check.preflight import (
     PreflightInputError,
     PreflightReport,
     preflight,
-    refuse_a_missing_directory,
 )
 from vllm_kimi_k3_moe.tools.check.report import (
     allocation,
@@ -92,8 +92,9 @@ def add_command(commands: Subcommands) -> None:
         nargs="?",
         metavar="CHECKPOINT_DIR",
         help="directory with config.json, model.safetensors.index.json and "
-        "the shards (the files vLLM would load); with --serve-command, by "
-        "default the model it names",
+        "the shards (the files vLLM would load), or a Hugging Face id whose "
+        "copy hf download put in the Hugging Face cache; with --serve-command, "
+        "by default the model it names",
     )
     check.add_argument(
         "--serve-command",
@@ -183,7 +184,8 @@ def _asked(args: argparse.Namespace) -> CheckInput:
             pp_size=args.pp_size,
             dcp_size=args.dcp_size,
         )
-        return CheckInput(args.checkpoint, topology, args.pcp_size, backend)
+        checkpoint = checkpoint_directory(str(args.checkpoint))
+        return CheckInput(checkpoint, topology, args.pcp_size, backend)
     given = [
         name for name, dest, unset in LAYOUT_OPTIONS if getattr(args, dest) != unset
     ]
@@ -194,12 +196,12 @@ def _asked(args: argparse.Namespace) -> CheckInput:
     words = serve_words(args.serve_command)  # what is not a serve line
     model = args.checkpoint or named_model(words)
     if model is not None:  # a missing checkpoint, before vLLM's parser
-        refuse_a_missing_directory(Path(model))
+        model = checkpoint_directory(str(model))
     print("reading the serve command with vLLM's parser ...", file=sys.stderr)
     with quiet_vllm():
         line = read_serve_command(args.serve_command)
     return CheckInput(
-        args.checkpoint or Path(line.model),
+        model or checkpoint_directory(line.model),
         line.topology,
         line.pcp_size,
         None if line.moe_backend == "auto" else line.moe_backend,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -96,7 +97,9 @@ def max_model_len(text: str) -> int:
     1.5m); ``DeploymentError`` in one line where it refuses. Imports vLLM's
     argument utilities, and with them torch (seconds): call it after every
     check that needs no vLLM. vLLM's ``auto`` (-1) is refused too: vLLM
-    picks that length from the GPU it starts on."""
+    picks that length from the GPU it starts on. What no reading of vLLM's
+    takes is refused first, without importing it (``_refuse_non_lengths``)."""
+    _refuse_non_lengths(text)
     with quiet_vllm():
         from vllm.utils.argparse_utils import human_readable_int_or_auto
     where = f"--max-model-len {text!r}"
@@ -105,10 +108,7 @@ def max_model_len(text: str) -> int:
     except argparse.ArgumentTypeError as error:  # its own words
         raise DeploymentError(f"{where}: {error}") from None
     except ValueError:
-        raise DeploymentError(
-            f"{where} is not a length vLLM takes (e.g. 131072, 128k = 128000, "
-            "128K = 131072)"
-        ) from None
+        raise DeploymentError(f"{where} {NOT_A_LENGTH}") from None
     if value == -1:
         raise DeploymentError(
             f"{where}: vLLM picks that length on the GPU at start-up; give one "
@@ -117,6 +117,21 @@ def max_model_len(text: str) -> int:
     if value < 1:
         raise DeploymentError(f"{where} is not a positive length")
     return value
+
+
+NOT_A_LENGTH = "is not a length vLLM takes (e.g. 131072, 128k = 128000, 128K = 131072)"
+# Wider than what vLLM's human_readable_int_or_auto reads (a number, with a
+# k/m/g/t suffix or not; int()'s signs and underscores; "auto"), so that
+# only what vLLM refuses too is refused without it (a test holds the two
+# together); vLLM's function still reads the value.
+_MAYBE_A_LENGTH = re.compile(r"[+-]?[\d_.]+[kKmMgGtT]?|auto", re.IGNORECASE)
+
+
+def _refuse_non_lengths(text: str) -> None:
+    """A ``--max-model-len`` no reading of vLLM's takes (a typo: letters,
+    punctuation), refused in one line before vLLM and torch are imported."""
+    if _MAYBE_A_LENGTH.fullmatch(text.strip()) is None:
+        raise DeploymentError(f"--max-model-len {text!r} {NOT_A_LENGTH}")
 
 
 def add_dp_and_ep(command: argparse.ArgumentParser) -> None:

@@ -8,7 +8,9 @@ process ``vllm serve`` starts calls) is asked, under the current
 answer holds this package's ``register``. Only the reasons printed beside a
 "no" restate vLLM's rule (an entry point installed, and ``VLLM_PLUGINS``
 unset or naming it among its comma-separated names); a test holds them to
-the loader's answers. Imports vLLM (a few seconds), not its model.
+the loader's answers. Imports vLLM's plugin loader without the package's
+initialiser (``stand_ins.vllm_without_its_package_initialiser``: torch's
+compiler is not imported), and not its model.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from vllm_kimi_k3_moe.compat import (
     kimi_k3_platform_refusal,
     supported_vllm_series,
     vllm_version_refusal,
+)
+from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    vllm_without_its_package_initialiser,
 )
 from vllm_kimi_k3_moe.tools.cli.common import quiet_vllm
 from vllm_kimi_k3_moe.tools.cli.version import DISTRIBUTION, installed_version
@@ -133,6 +138,13 @@ def diagnose(environment: dict[str, str] | None = None) -> Diagnosis:
         f"the plugin supports {supported_vllm_series()}",
         f"VLLM_PLUGINS {_plugins_setting(environment)}",
     ]
+    with vllm_without_its_package_initialiser():
+        return _asked_vllm(environment, entry, lines)
+
+
+def _asked_vllm(
+    environment: dict[str, str], entry: metadata.EntryPoint | None, lines: list[str]
+) -> Diagnosis:
     level = environment.get("VLLM_LOGGING_LEVEL", "INFO").upper()
     try:
         with quiet_vllm():  # imported in this process's own environment

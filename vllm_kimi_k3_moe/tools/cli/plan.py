@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vllm_kimi_k3_moe.compat import VLLM, builds_dsa_layers
 from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
+from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
 from vllm_kimi_k3_moe.tools.cli.common import (
     CONFIG_JSON,
     PROG,
@@ -47,7 +49,13 @@ from vllm_kimi_k3_moe.tools.gpu_budget import (
     GpuBudget,
 )
 from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
+from vllm_kimi_k3_moe.tools.kernel_gpus import (
+    KernelOnGpu,
+    kernel_utilization,
+    refuse_a_kernel_the_gpu_cannot_run,
+)
 from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
+from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import (
@@ -58,6 +66,8 @@ from vllm_kimi_k3_moe.tools.plan.report import (
     wide_table,
 )
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
+from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
+from vllm_kimi_k3_moe.tools.remembered import CACHE_VARIABLE, remembered
 from vllm_kimi_k3_moe.tools.speculation import Speculation, read_speculative_config
 from vllm_kimi_k3_moe.tools.text_config import (
     KIMI_K3_TEXT_CONFIG,
@@ -78,11 +88,13 @@ from vllm_kimi_k3_moe.tools.topology import (
     validate_prefill_context_parallel,
     validate_serving,
 )
+from vllm_kimi_k3_moe.tools.tp_sizes import validate_with_working_tp_sizes
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 DEFAULT_TP_SIZES = (8, 16, 32)
+T = TypeVar("T")
 
 
 def _gpus() -> str:
@@ -261,19 +273,23 @@ class PlanInput:
     deployments: list[Deployment]  # explicit mode; the advisor enumerates
     serving: Serving
     budget: GpuBudget | None
-    gpu_title: str | None  # the preset's name, or the GiB given
+    gpu_title: str | None  # the preset's name, or the memory given, in GB
     backend: str  # --moe-backend, as vLLM spells it
     speculation: Speculation | None  # --speculative-config
 
 
-def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
+def _budget(
+    args: argparse.Namespace, quantization: str
+) -> tuple[GpuBudget | None, str | None]:
     if args.gpu is not None and args.gpu_memory_gib is not None:
         raise BudgetError("give --gpu or --gpu-memory-gib, not both")
     if args.gpu is not None:
         preset = gpu_preset(args.gpu)
         memory, title = preset.memory_gib, preset.title
     elif args.gpu_memory_gib is not None:
-        memory, title = args.gpu_memory_gib, f"{args.gpu_memory_gib:g} GiB"
+        # in GB, the unit of the headings it appears in (GB = 10^9 bytes)
+        memory = args.gpu_memory_gib
+        title = f"{memory * 2**30 / 10**9:.1f} GB"
     else:
         for option, value in (
             ("--gpu-memory-utilization", args.gpu_memory_utilization),
@@ -286,8 +302,26 @@ def _budget(args: argparse.Namespace) -> tuple[GpuBudget | None, str | None]:
         return None, None
     # None: vLLM's default utilization and plan's estimate of the reserve,
     # which the installed vLLM decides once it is imported (kv_budget)
-    budget = GpuBudget(memory, args.gpu_memory_utilization, args.reserve_gib)
+    utilization = args.gpu_memory_utilization
+    if utilization is None:
+        utilization = _kernel_utilization(quantization, args.moe_backend.lower())
+    budget = GpuBudget(memory, utilization, args.reserve_gib)
     return budget, title
+
+
+def _kernel_utilization(quantization: str, backend: str) -> float | None:
+    """The ``--gpu-memory-utilization`` the kernel needs where it needs one
+    (``kernel_gpus.KERNEL_UTILIZATION``), said on stderr; else None."""
+    utilization = kernel_utilization(quantization, backend)
+    if utilization is not None:
+        print(
+            f"plan: note: --moe-backend {backend} is sized and served at "
+            f"--gpu-memory-utilization {utilization:g}, as vLLM's recipe runs it: "
+            "its kernel allocates about 1.6 GiB outside vLLM's pool on its "
+            "first forward",
+            file=sys.stderr,
+        )
+    return utilization
 
 
 def _note_kv_options_unused(args: argparse.Namespace) -> None:
@@ -311,6 +345,22 @@ def _note_kv_options_unused(args: argparse.Namespace) -> None:
         )
 
 
+def _note_preset_adapters(fmt: KimiK3Format) -> None:
+    """Without --config a format is sized from its preset
+    ``quantization_config``; whether that quantizes the latent adapters (on
+    every GPU whole: 9.45 GB in BF16) is the assumption that moves the
+    figures most, and a checkpoint's own config may differ: say which."""
+    if not adapters_quantized(fmt.published_quantization_config(), None):
+        return
+    print(
+        f"plan: note: {fmt.name} is sized from plan's preset config, which "
+        "quantizes the latent adapters (routed_expert_down_proj, up_proj) as "
+        "the experts; a checkpoint that keeps them BF16 holds more on every "
+        "GPU: give its config.json (--config DIR) to size it as it is",
+        file=sys.stderr,
+    )
+
+
 def _plan_input(args: argparse.Namespace) -> PlanInput:
     """Every input error ends the command here, before vLLM's model is
     imported (a --max-model-len is read last, by vLLM's own parser function)."""
@@ -321,7 +371,7 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             else read_language_model_config(args.config)
         )
         fmt, quantization_config, quantization_title = _quantization(args)
-        budget, gpu_title = _budget(args)
+        budget, gpu_title = _budget(args, fmt.name)
         validate_prefill_context_parallel(args.pcp_size)
         speculation = (
             None
@@ -372,7 +422,11 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
             args.kv_cache_dtype or default.kv_cache_dtype,
             default.max_model_len
             if args.max_model_len is None
-            else max_model_len(args.max_model_len),
+            # vLLM's own reading, kept: asked again, vLLM is not imported
+            else remembered(
+                ("vLLM's --max-model-len", args.max_model_len),
+                lambda: max_model_len(args.max_model_len),
+            ),
             args.language_model_only,
         )
         validate_serving(serving)
@@ -383,6 +437,8 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
         print(line, file=sys.stderr)
     if budget is None and not args.json:
         _note_kv_options_unused(args)
+    if quantization_config is None:
+        _note_preset_adapters(fmt)
     return PlanInput(
         text_config,
         fmt.name,
@@ -434,6 +490,7 @@ def _buildable(
             validate(text_config, deployment)
         except DeploymentError as error:
             if not defaults:
+                validate_with_working_tp_sizes(text_config, deployment)
                 raise
             left_out.append((deployment, error))
             continue
@@ -454,31 +511,124 @@ def served_model(model: str | None, config: Path | None) -> str:
     return DEFAULT_MODEL
 
 
+class Answers:
+    """The plans of what ``plan`` was asked: kept from before where the same
+    question was answered on the same installation (``remembered``), else
+    worked out by one ``Planner`` (made, importing vLLM, on the first
+    question not kept)."""
+
+    def __init__(self, args: argparse.Namespace, asked: PlanInput) -> None:
+        self._asked = asked
+        self._model = served_model(args.model, args.config)
+        self._gpus_per_node = args.gpus_per_node
+        self._planner: Planner | None = None
+
+    def _question(self, *what: Any) -> tuple[Any, ...]:
+        asked = self._asked
+        return (
+            "plan",
+            asked.text_config,
+            asked.quantization_config,
+            asked.serving,
+            asked.budget,
+            self._model,
+            self._gpus_per_node,
+            asked.speculation,
+            *what,
+        )
+
+    def _worked_out(self, work: Callable[[Planner], T]) -> T:
+        """``work`` on the planner, made on first use (vLLM's output kept
+        off the terminal)."""
+        if self._planner is None:
+            print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
+            asked = self._asked
+            with quiet_vllm():
+                self._planner = Planner(
+                    asked.text_config,
+                    asked.serving,
+                    asked.budget,
+                    self._model,
+                    asked.quantization_config,
+                    self._gpus_per_node,
+                    asked.speculation,
+                )
+        with quiet_vllm():
+            return work(self._planner)
+
+    def advise(
+        self, gpus: int, quantization: str | None = None, backend: str | None = None
+    ) -> tuple[list[DeploymentPlan], list[str]]:
+        """``Planner.advise`` of ``gpus`` GPUs in the format and kernel (by
+        default the asked ones)."""
+        quantization = quantization or self._asked.quantization
+        backend = backend or self._asked.backend
+        return remembered(
+            self._question("advise", gpus, quantization, backend),
+            lambda: self._worked_out(
+                lambda planner: planner.advise(gpus, quantization, backend)
+            ),
+        )
+
+    def plan(self, deployments: list[Deployment]) -> list[DeploymentPlan]:
+        """``Planner.plan`` of each of ``deployments``."""
+        return remembered(
+            self._question("plan", deployments),
+            lambda: self._worked_out(
+                lambda planner: [planner.plan(d) for d in deployments]
+            ),
+        )
+
+    def plan_one(self, deployment: Deployment) -> DeploymentPlan:
+        return self.plan([deployment])[0]
+
+    def kernel_on_gpu(self, gpu: str, deployment: Deployment) -> KernelOnGpu:
+        """vLLM's kernel for ``deployment``'s ``--moe-backend`` on ``gpu``
+        (``DeploymentError`` where it selects none, which is not kept)."""
+        asked = self._asked
+        return remembered(
+            self._question("kernel", gpu, deployment),
+            lambda: self._worked_out(
+                lambda planner: refuse_a_kernel_the_gpu_cannot_run(
+                    asked.text_config, deployment, gpu, asked.quantization_config
+                )
+            ),
+        )
+
+    def note_if_kept(self) -> None:
+        """Say (stderr) that no model was built: every answer was kept."""
+        if self._planner is None:
+            print(
+                "plan: asked before on this vLLM, plugin and config: the kept "
+                f"answer, vLLM not imported ({CACHE_VARIABLE}=off builds again)",
+                file=sys.stderr,
+            )
+
+    def close(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+
+
 def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # plan runs vLLM on the meta device only
     asked = _plan_input(args)
-    print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
+    answers = Answers(args, asked)
+    step: list[str] = []
     try:
-        with quiet_vllm():
-            planner = Planner(
-                asked.text_config,
-                asked.serving,
-                asked.budget,
-                served_model(args.model, args.config),
-                asked.quantization_config,
-                args.gpus_per_node,
-                asked.speculation,
-            )
-            with planner:
-                if args.gpus is not None:
-                    plans, refused = planner.advise(
-                        args.gpus, asked.quantization, asked.backend
-                    )
-                else:
-                    plans, refused = [planner.plan(d) for d in asked.deployments], []
+        kernel = _refuse_a_kernel_the_gpu_cannot_run(args, asked, answers)
+        if args.gpus is not None:
+            plans, refused = answers.advise(args.gpus)
+            if not fitting(plans):
+                step = _next_step(args, asked, answers, plans)
+        else:
+            plans, refused = answers.plan(asked.deployments), []
     except (DeploymentError, PlanError, BudgetError) as error:
         fail("plan", str(error))
+    finally:
+        answers.close()
+    answers.note_if_kept()
     _note_dsa_config_unread(asked.text_config)
+    _note_kernel_not_verified(kernel, args.gpu)
     if args.json:
         print(as_json(plans))
     elif args.wide:
@@ -506,12 +656,107 @@ def run(args: argparse.Namespace) -> int:
                 public,
                 unmarked,
                 lambda topology: plan_command(args, topology),
+                step,
             )
         )
     else:
         print(table(plans, format_title=asked.quantization_title))
         print(serve_commands(plans))
     return 0
+
+
+def _next_step(
+    args: argparse.Namespace,
+    asked: PlanInput,
+    answers: Answers,
+    plans: list[DeploymentPlan],
+) -> list[str]:
+    """Where no layout of ``--gpus`` fits: the fewest GPUs that fit and the
+    formats that fit (``next_step``), as plan commands."""
+    print(
+        f"plan: no layout of {args.gpus} GPUs fits: sizing more GPUs and other "
+        "formats ...",
+        file=sys.stderr,
+    )
+    step = next_step(
+        plans,
+        args.gpus,
+        args.gpus_per_node,
+        asked.quantization,
+        asked.backend,
+        answers.advise,
+        answers.plan_one,
+        # another format's published config; not where --config declares one
+        other_formats=asked.quantization_config is None,
+    )
+    return next_step_lines(
+        step,
+        args.gpus,
+        asked.gpu_title or "",
+        lambda gpus, **options: advisor_command(args, gpus, **options),
+    )
+
+
+def advisor_command(args: argparse.Namespace, gpus: int, **options: str) -> str:
+    """The advisor's ``plan`` command for ``gpus`` GPUs, every other option
+    as given, ``options`` (``quantization``, ``moe_backend``) replaced."""
+    words = [PROG, "plan", "--gpus", str(gpus)]
+    words += (
+        ["--gpu", args.gpu]
+        if args.gpu
+        else ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
+    )
+    given = {
+        "quantization": args.quantization,
+        "config": args.config,
+        "moe_backend": args.moe_backend
+        if args.moe_backend.lower() != "marlin"
+        else None,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "max_model_len": args.max_model_len,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "reserve_gib": args.reserve_gib,
+        "gpus_per_node": args.gpus_per_node
+        if args.gpus_per_node != DEFAULT_GPUS_PER_NODE
+        else None,
+        "speculative_config": args.speculative_config,
+        "model": args.model,
+    }
+    for name, value in {**given, **options}.items():
+        if name == "moe_backend" and value == "marlin":
+            continue
+        if value is not None:
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            words += [f"--{name.replace('_', '-')}", text]
+    if args.language_model_only:
+        words.append("--language-model-only")
+    return shlex.join(words)
+
+
+def _refuse_a_kernel_the_gpu_cannot_run(
+    args: argparse.Namespace, asked: PlanInput, answers: Answers
+) -> KernelOnGpu | None:
+    """With ``--gpu NAME``: vLLM's kernel for ``--moe-backend`` on that
+    GPU; ``DeploymentError`` where it selects none (``kernel_gpus``)."""
+    if args.gpu is None:
+        return None
+    deployment = (
+        asked.deployments[0]
+        if asked.deployments
+        else Deployment(1, backend=asked.backend, quantization=asked.quantization)
+    )
+    return answers.kernel_on_gpu(args.gpu, deployment)
+
+
+def _note_kernel_not_verified(kernel: KernelOnGpu | None, gpu: str) -> None:
+    """Say where whether the kernel runs on the GPU is not known here."""
+    if kernel is not None and not kernel.verified:
+        print(
+            f"plan: note: whether vLLM's {kernel.kernel} (--moe-backend "
+            f"{kernel.backend}) runs on {gpu} is not known here: its device "
+            "check needs a library this machine lacks",
+            file=sys.stderr,
+        )
 
 
 def _note_dsa_config_unread(text_config: dict[str, Any]) -> None:

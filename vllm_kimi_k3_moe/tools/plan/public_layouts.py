@@ -23,9 +23,16 @@ class PublicLayout:
 
     topology: Topology
     source: str
+    # the flags its source runs it with, of those plan sizes by (memory
+    # share, context length, KV-cache dtype); "" where none is stated
+    flags: str = ""
 
 
 RECIPE = "vLLM's recipe"
+# kimi-k3-deployments.md, "Serving flags the recipe sets" (and its TP8 x PP2
+# profile's own 0.90); NVIDIA Dynamo's H200 and GB200 recipes' shares
+HOPPER = "--gpu-memory-utilization 0.97 --max-model-len 32768"
+BLACKWELL = "--max-model-len 1048576 --kv-cache-dtype fp8"
 
 # By ``--gpu`` preset. kimi-k3-deployments.md, "Layouts in vLLM's published
 # recipe" and "Added later": B300/GB300 hold a replica in one node as TP8,
@@ -37,9 +44,13 @@ RECIPE = "vLLM's recipe"
 # in the recipe) and H20 have no stated layout.
 PUBLIC_LAYOUTS: dict[str, tuple[PublicLayout, ...]] = {
     "h200": (
-        PublicLayout(Topology(8, pp_size=2), RECIPE),
-        PublicLayout(Topology(8, dp_size=2), RECIPE),
-        PublicLayout(Topology(8, pp_size=4), "NVIDIA Dynamo's recipe"),
+        PublicLayout(Topology(8, pp_size=2), RECIPE, "--gpu-memory-utilization 0.90"),
+        PublicLayout(Topology(8, dp_size=2), RECIPE, HOPPER),
+        PublicLayout(
+            Topology(8, pp_size=4),
+            "NVIDIA Dynamo's recipe",
+            "--gpu-memory-utilization 0.85",
+        ),
         PublicLayout(
             Topology(16, dp_size=2, expert_parallel=True), "a public benchmark"
         ),
@@ -50,17 +61,19 @@ PUBLIC_LAYOUTS: dict[str, tuple[PublicLayout, ...]] = {
         ),
     ),
     "b300": (
-        PublicLayout(Topology(8), RECIPE),
-        PublicLayout(Topology(8, dcp_size=8), f"{RECIPE}, DCP opt-in"),
+        PublicLayout(Topology(8), RECIPE, BLACKWELL),
+        PublicLayout(Topology(8, dcp_size=8), f"{RECIPE}, DCP opt-in", BLACKWELL),
     ),
     "gb300": (
-        PublicLayout(Topology(8), f"{RECIPE}, NVIDIA Dynamo's"),
-        PublicLayout(Topology(8, dcp_size=8), "vLLM PR #50484"),
-        PublicLayout(Topology(4, dp_size=4), RECIPE),
+        PublicLayout(Topology(8), f"{RECIPE}, NVIDIA Dynamo's", BLACKWELL),
+        PublicLayout(Topology(8, dcp_size=8), "vLLM PR #50484", "--kv-cache-dtype fp8"),
+        PublicLayout(Topology(4, dp_size=4), RECIPE, BLACKWELL),
     ),
     "gb200": (
-        PublicLayout(Topology(4, dp_size=4), RECIPE),
-        PublicLayout(Topology(16), "NVIDIA Dynamo's recipe"),
+        PublicLayout(Topology(4, dp_size=4), RECIPE, BLACKWELL),
+        PublicLayout(
+            Topology(16), "NVIDIA Dynamo's recipe", "--gpu-memory-utilization 0.92"
+        ),
     ),
 }
 

@@ -125,8 +125,9 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
                 budget,
                 serving,
                 "sized by vLLM's own block-pool planner from the built layers' "
-                "KV-cache specs; requests: how many of --max-model-len it holds.",
+                "KV-cache specs.",
             ),
+            *_kv_columns_note(first),
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} bytes "
             f"per token on every GPU ({kv.mla_layers} MLA layers), plus",
             f"the state of {kv.kda_layers} KDA layers per sequence, split by TP.",
@@ -205,7 +206,7 @@ def table(
         or (
             f"Kimi-K3 per GPU on {VLLM}: {format_title or d.format.title} on "
             f"{d.backend}, GB = 10^9 bytes"
-            + (f", {budget.gpu_memory_gib:g} GiB GPUs" if budget else "")
+            + (f", {_gpu_gb(budget)} GB GPUs" if budget else "")
         ),
         "",
         *_render(groups, rows, left_last=budget is not None),
@@ -227,8 +228,34 @@ def table(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence."
         )
+        lines += _kv_columns_note(first)
         lines += _indexer_note(kv)
     return "\n".join(lines + _dcp_note(plans) + _draft_note(plans))
+
+
+def _kv_columns_note(plan: DeploymentPlan) -> list[str]:
+    """What the KV columns are, and why they move with --max-model-len the
+    way they do (vLLM's ``get_kv_cache_capacity``: tokens are its maximum
+    concurrency times the length)."""
+    kda = plan.kv_cache.kda_bytes_per_sequence
+    length = plan.serving.max_model_len
+    return textwrap.wrap(
+        "requests: how many requests of --max-model-len "
+        f"({length}) tokens the KV cache holds at once (vLLM's maximum "
+        "concurrency); KV tokens: requests x --max-model-len, as vLLM logs its "
+        "KV cache size. Each request also holds its KDA state "
+        f"({kda / GB * 1000:.0f} MB on a GPU of the whole model) whatever its "
+        "length, so a shorter --max-model-len holds more requests and fewer "
+        "KV tokens; more GPU memory, a lighter layout or an fp8 --kv-cache-dtype "
+        "raise both.",
+        80,
+        break_on_hyphens=False,
+    )
+
+
+def _gpu_gb(budget: KvBudget) -> str:
+    """A GPU's memory in the heading's unit, GB (the options give GiB)."""
+    return f"{budget.gpu_memory_gib * 2**30 / GB:.1f}"
 
 
 def _indexer_note(kv: KvCacheShape) -> list[str]:
@@ -396,13 +423,14 @@ def advice(
     public: Sequence[PublicLayout] = (),
     unmarked: str = "",
     pick: Callable[[Topology], str] | None = None,
+    next_step: Sequence[str] = (),
 ) -> str:
     """The advisor's answer: the layouts that build, ordered by memory as
     the planner orders them (fitting first, most KV cache first), those run
     in public (``public``) marked (else ``unmarked`` says why none is), then
     the ``vllm serve`` commands of the first few that fit and of the public
     ones that fit, and (``pick``: the plan command that sizes one layout
-    alone) how to get any other's."""
+    alone) how to get any other's; where none fits, ``next_step``'s lines."""
     marked = {layout.topology for layout in public}
     rows = [p for p in plans if _in_table(p)]
     heading = (
@@ -413,8 +441,12 @@ def advice(
     if public:
         sources = ", ".join(f"{x.topology.label()} ({x.source})" for x in public)
         lines += _paragraph(
-            f"* run in public on these GPUs: {sources}; not a speed ranking."
+            f"* run in public on these GPUs: {sources}; not a speed ranking. "
+            "Each as plan sized it (its defaults) and as its source runs it:"
         )
+        by_layout = {p.deployment.topology: p for p in plans}
+        for layout in public:
+            lines += _public_line(layout, by_layout.get(layout.topology), pick)
     elif unmarked:
         lines += _paragraph(unmarked)
     left_out = len(plans) - len(rows)
@@ -444,7 +476,7 @@ def advice(
                 f"    {pick(example.topology)}",
             ]
     else:
-        lines += ["", "No layout fits: see the note column."]
+        lines += list(next_step) or ["", "No layout fits: see the note column."]
     if refused:
         lines += ["", f"{len(refused)} layouts vLLM refuses to build are left out:"]
         lines += [f"  {line}" for line in refused]
@@ -452,6 +484,31 @@ def advice(
     if not_counted:
         lines += ["", "Not counted:", *(f"  {item}" for item in not_counted)]
     return "\n".join(lines)
+
+
+def _public_line(
+    layout: PublicLayout,
+    plan: DeploymentPlan | None,
+    pick: Callable[[Topology], str] | None,
+) -> list[str]:
+    """A public layout: whether it fits at plan's defaults (why not), the
+    flags its source runs it with, and the plan command sizing it so."""
+    if plan is None:
+        verdict = "not built for this format and kernel"
+    elif plan.fits("fixed"):
+        verdict = "fits at plan's defaults"
+    else:
+        verdict = f"does not fit at plan's defaults ({plan.reason()})"
+    label = layout.topology.label()
+    said = f"{label}: {verdict}; " + (
+        f"{layout.source} runs it with {layout.flags}"
+        if layout.flags
+        else "its source states no memory flags"
+    )
+    lines = textwrap.wrap(said, 88, initial_indent="  ", subsequent_indent="    ")
+    if layout.flags and pick is not None:
+        lines.append(f"    sized so: {pick(layout.topology)} {layout.flags}")
+    return lines
 
 
 def _paragraph(text: str, width: int = 88) -> list[str]:

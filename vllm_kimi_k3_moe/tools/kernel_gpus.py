@@ -1,0 +1,155 @@
+"""Which MoE kernels run on which GPU, and what a kernel needs of the line.
+
+A ``--moe-backend`` runs on a GPU where vLLM's own selection picks a kernel
+for it there: the Kimi-K3 MoE layer is built (two layers, on ``meta``) as
+plan builds it, with every kernel's device check
+(``_supports_current_device``) answering as on a GPU of that compute
+capability (``stand_ins.a_gpu_of_capability``); where vLLM's selection
+then refuses the backend, its refusal is the reason. The GPU presets'
+compute capabilities: Hopper (H100, H200, H20) is 9.0, Blackwell B200 and
+GB200 10.0, B300 and GB300 10.3 (vLLM's ``flashinfer_moe_ep``
+``_SUPPORTED_CAPABILITIES`` and its MXFP8 linear kernel, "sm_100/sm_103
+(Blackwell)", name the two Blackwell datacenter ones).
+
+What a kernel needs of the serve line beyond its name: FlashInfer's TRT-LLM
+MXFP4 MoE kernel allocates about 1.6 GiB outside vLLM's memory pool on its
+first forward, which vLLM's Kimi-K3 recipe leaves free by running it at
+``--gpu-memory-utilization 0.90`` (``KERNEL_UTILIZATION``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import vllm_kimi_k3_moe
+from vllm_kimi_k3_moe.formats import format_named
+from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    a_gpu_of_capability,
+    runs_on_capability,
+)
+from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
+from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
+from vllm_kimi_k3_moe.tools.plan.planner import BUILD_ERRORS
+from vllm_kimi_k3_moe.tools.text_config import main_moe_layers, one_layer_of_each
+from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Serving
+
+GPU_CAPABILITY: dict[str, tuple[int, int]] = {
+    "h100": (9, 0),
+    "h20": (9, 0),
+    "h200": (9, 0),
+    "b200": (10, 0),
+    "gb200": (10, 0),
+    "b300": (10, 3),
+    "gb300": (10, 3),
+}
+
+# (format, --moe-backend) -> the --gpu-memory-utilization its line carries
+# unless one is given: the share vLLM's recipe runs the kernel at, leaving
+# free what it allocates outside vLLM's pool.
+KERNEL_UTILIZATION: dict[tuple[str, str], float] = {
+    ("mxfp4", "flashinfer_trtllm"): 0.90,
+}
+
+
+def kernel_utilization(quantization: str, backend: str) -> float | None:
+    """The ``--gpu-memory-utilization`` the kernel needs, or None (vLLM's)."""
+    return KERNEL_UTILIZATION.get((quantization, backend))
+
+
+@dataclass(frozen=True)
+class KernelOnGpu:
+    """vLLM's selection for ``--moe-backend`` on one GPU."""
+
+    backend: str
+    kernel: str | None  # the experts class vLLM picked; None: refused
+    refusal: str | None = None  # vLLM's reason, one line
+    # False: the picked kernel's device check asks for what this machine
+    # lacks (a kernel library, a compiled op), so whether it runs on the
+    # GPU is not known here (it was let through)
+    verified: bool = True
+
+    @property
+    def runs(self) -> bool:
+        return self.kernel is not None
+
+
+def kernel_on_gpu(
+    text_config: dict[str, Any],
+    deployment: Deployment,
+    capability: tuple[int, int],
+    quantization_config: dict[str, Any] | None = None,
+) -> KernelOnGpu:
+    """What vLLM selects for ``deployment``'s ``--moe-backend`` on a GPU of
+    ``capability``: the MoE layer built as plan builds it (one dense and
+    one MoE layer of ``text_config``, the plugin registered), each kernel's
+    device check answering as on that GPU. Imports vLLM."""
+    vllm_kimi_k3_moe.register()
+    model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+    # one stage: pipeline stages change which layers a GPU holds, not the
+    # kernel, and the MoE layer of the two built must be rank 0's
+    deployment = replace(deployment, pp_size=1)
+    layers = one_layer_of_each(text_config)
+    config = quantization_config or deployment.format.published_quantization_config()
+    serving = Serving(language_model_only=True)
+    with tempfile.TemporaryDirectory(prefix="kimi-k3-kernel-") as directory:
+        model_dir = write_model_dir(layers, config, serving, Path(directory))
+        try:
+            with a_gpu_of_capability(capability):
+                built = build_rank(
+                    model.KimiMoE, layers, deployment, serving, model_dir
+                )
+        except BUILD_ERRORS as error:
+            reason = " ".join(f"{type(error).__name__}: {error}".split())
+            return KernelOnGpu(deployment.backend, None, reason)
+    moe = built.model.language_model.model.layers[main_moe_layers(layers)[0]]
+    method = moe.block_sparse_moe.experts.routed_experts.quant_method
+    chosen = getattr(method, "experts_cls", None)
+    if chosen is None:  # the method runs its own kernel, which vLLM checked
+        return KernelOnGpu(deployment.backend, type(method).__name__)
+    verified = runs_on_capability(chosen, capability) is not None
+    return KernelOnGpu(deployment.backend, chosen.__name__, verified=verified)
+
+
+def refuse_a_kernel_the_gpu_cannot_run(
+    text_config: dict[str, Any],
+    deployment: Deployment,
+    gpu: str,
+    quantization_config: dict[str, Any] | None = None,
+) -> KernelOnGpu:
+    """vLLM's selection for ``deployment``'s ``--moe-backend`` on ``gpu``;
+    ``DeploymentError`` where it selects no kernel for ``deployment``'s
+    ``--moe-backend`` on ``gpu`` (a ``--gpu`` preset), naming vLLM's reason
+    and the format's backends that do run there. Imports vLLM."""
+    capability = GPU_CAPABILITY[gpu.lower()]
+    answer = kernel_on_gpu(text_config, deployment, capability, quantization_config)
+    if answer.runs:
+        return answer
+    others = [
+        kernel_on_gpu(
+            text_config,
+            replace(deployment, backend=backend),
+            capability,
+            quantization_config,
+        )
+        for backend in format_named(deployment.quantization).moe_backends
+        if backend != deployment.backend
+    ]
+    running = [other.backend for other in others if other.runs and other.verified]
+    untold = [other.backend for other in others if other.runs and not other.verified]
+    major, minor = capability
+    raise DeploymentError(
+        f"--moe-backend {deployment.backend} does not run on {gpu} (compute "
+        f"capability {major}.{minor}): vLLM selects no kernel for it there "
+        f"({answer.refusal}); on {gpu} {deployment.quantization} runs on "
+        f"{', '.join(running) or 'none of its backends'}"
+        + (
+            f" (not known here: {', '.join(untold)}, whose kernels need a "
+            "library this machine lacks)"
+            if untold
+            else ""
+        )
+    )
