@@ -8,6 +8,9 @@ imported."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
     split_into_shards,
     write_checkpoint,
 )
-from tests.test_cli import run_fresh
+from tests.test_cli import REPO, run_fresh
 from vllm_kimi_k3_moe.tools import cli
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     SelftestCase,
@@ -65,6 +68,31 @@ def small_config(tmp_path) -> Path:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"text_config": {**KIMI_K3_TEXT_CONFIG, **SMALL}}))
     return path
+
+
+@pytest.mark.triton_interpreted
+def test_triton_on_a_cpu_runs_the_gpus_kernel_interpreted(small_config) -> None:
+    """``--moe-backend triton`` in a process of its own (as an operator runs
+    it: vLLM not imported before the command chose Triton's interpreter)
+    runs vLLM's Triton kernel, interpreted, on every GPU of TP2 and the
+    unsharded layer, says so, and the GPUs sum to the experts (1 and 16
+    tokens: ``InterpretedTriton.batch_sizes``)."""
+    command = ["selftest", "--tp", "2", "--quantization", "fp8-block"]
+    command += ["--moe-backend", "triton", "--config", str(small_config)]
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_kimi_k3_moe", *command],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert "Triton kernel, interpreted" in lines[0], lines[0]
+    kernel = next(line for line in lines if line.startswith("kernel"))
+    assert "TritonExperts" in kernel and "interpreted" in kernel, kernel
+    assert "at 1, 16 tokens" in result.stdout, result.stdout
+    assert lines[-1].startswith("OK"), result.stdout
 
 
 def test_fp8_blocks_at_tp32_as_json(kimi_model, capsys, small_config) -> None:

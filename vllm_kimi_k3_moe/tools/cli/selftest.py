@@ -37,6 +37,11 @@ from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
 )
 from vllm_kimi_k3_moe.tools.selftest.dequantize import FORMATS as WITH_REFERENCE
 from vllm_kimi_k3_moe.tools.selftest.harness import SelftestCase
+from vllm_kimi_k3_moe.tools.selftest.interpreted_triton import (
+    TRITON_BACKEND,
+    InterpretedTriton,
+    interpret_triton_if_possible,
+)
 from vllm_kimi_k3_moe.tools.selftest.kernels import kernel_path
 from vllm_kimi_k3_moe.tools.selftest.report import as_json, screen
 from vllm_kimi_k3_moe.tools.selftest.run import (
@@ -83,7 +88,9 @@ def add_command(commands: Subcommands) -> None:
             "layer is timed, and again with the plugin taken out of the "
             "process (vLLM alone's partition). Without a CUDA device the "
             "same harness runs every rank on vLLM's CPU reference kernel "
-            "instead, 256 wide, untimed, and says so in its first line."
+            "instead (with --moe-backend triton: vLLM's Triton kernel itself, "
+            "run by Triton's interpreter), 256 wide, untimed, and says so in "
+            "its first line."
         ),
         epilog=(
             f"MoE backends per format (--moe-backend): {backends_by_format()}. "
@@ -196,12 +203,20 @@ def _selftest_input(args: argparse.Namespace) -> SelftestInput:
 def _run(asked: SelftestInput, workdir: Path) -> SelftestResult:
     import torch
 
-    if not torch.cuda.is_available():  # the CPU reference launches no GPU kernel
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:  # the CPU paths launch no GPU kernel
         no_background_kernel_builds()
+    # Triton's kernel is the GPU's own: on a CPU its interpreter runs it, which
+    # must be chosen before vLLM (and Triton) is imported
+    interpreting = (
+        on_cpu
+        and asked.case.backend == TRITON_BACKEND
+        and interpret_triton_if_possible()
+    )
     # as vLLM's plugin loader does in every process it starts
     vllm_kimi_k3_moe.register()
     kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
-    path = kernel_path()
+    path = InterpretedTriton() if interpreting else kernel_path()
     device = torch.cuda.get_device_name(path.device) if path.timed else "cpu"
     threads = torch.get_num_threads()
     if not path.timed:

@@ -234,14 +234,15 @@ def deployment_outputs(
     on_rank: Callable[[Rank, LoadedRank], None] | None = None,
 ) -> dict[int, Tensor]:
     """Every rank of ``topology`` (default: the case's) run on the first
-    1, 16 and 128 tokens, summed as the all-reduce sums them: tokens ->
-    output. ``on_rank(rank, loaded)`` is called with each loaded rank."""
+    1, 16 and 128 tokens (the path's ``batch_sizes``, where it has its
+    own), summed as the all-reduce sums them: tokens -> output.
+    ``on_rank(rank, loaded)`` is called with each loaded rank."""
     import torch
 
     sums: dict[int, Tensor] = {}
     for rank in ranks_of(topology or case.topology):
         with loaded_rank(path, case, kimi_model, layer, rank, building) as loaded:
-            for tokens in BATCH_SIZES:
+            for tokens in getattr(path, "batch_sizes", BATCH_SIZES):
                 with loaded.kernel.context():
                     output = loaded.forward(*layer.inputs.first(tokens)).float()
                 sums[tokens] = output + sums[tokens] if tokens in sums else output

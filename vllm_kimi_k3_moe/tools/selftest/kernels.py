@@ -178,7 +178,7 @@ class SelectedKernel:
 
 
 @contextmanager
-def _cpu_selection(deployment: Deployment) -> Iterator[None]:
+def cpu_selection(deployment: Deployment) -> Iterator[None]:
     with ExitStack() as stack:
         stack.enter_context(moe_kernel_of_the_gpu(deployment))
         # the latent projections are quantized in some published formats
@@ -198,7 +198,7 @@ class ReferenceKernel:
         self.device = torch.device("cpu")
 
     def selection(self, deployment: Deployment) -> Any:
-        return _cpu_selection(deployment)
+        return cpu_selection(deployment)
 
     def prepare(self, model: nn.Module, fmt: str, vllm_config: Any) -> RankKernel:
         from vllm.model_executor.layers.fused_moe.config import (

@@ -35,6 +35,11 @@ def _first_line(result: SelftestResult) -> str:
         if result.checkpoint is None and result.shape.width != width
         else ""
     )
+    if result.interpreted:
+        return (
+            "selftest on CPU, no CUDA device: the GPU's own Triton kernel, "
+            f"interpreted (TRITON_INTERPRET=1), runs each rank{narrower}, untimed"
+        )
     return (
         "selftest on CPU, no CUDA device: vLLM's CPU reference kernel runs "
         f"each rank{narrower}, untimed"
@@ -177,7 +182,7 @@ def screen(result: SelftestResult) -> str:
         alone = "not built"
     lines.append(f"vLLM alone  {alone}")
     if result.errors:
-        tokens = ", ".join(map(str, BATCH_SIZES))
+        tokens = ", ".join(map(str, result.errors))
         lines.append(
             f"error       {_error_line(result.errors)} at {tokens} tokens "
             "(GPUs summed vs unsharded)"
@@ -203,6 +208,7 @@ def as_dict(result: SelftestResult) -> dict[str, Any]:
         "status": "ok" if result.ok else "wrong",
         "device": result.device,
         "timed": result.timed,
+        "interpreted": result.interpreted,
         "vllm": VLLM,
         "layout": {
             "tp": case.topology.tp_size,

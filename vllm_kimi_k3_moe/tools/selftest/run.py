@@ -78,6 +78,7 @@ class SelftestResult:
         default_factory=dict
     )
     routes_inside: bool = False  # the kernel is monolithic: timed with routing
+    interpreted: bool = False  # the GPU's Triton kernel, by Triton's interpreter
 
     @property
     def ok(self) -> bool:
@@ -194,6 +195,7 @@ def run_selftest(
         device_name,
         path.timed,
         checkpoint.directory if checkpoint else None,
+        interpreted=getattr(path, "interpreted", False),
     )
     try:
         unsharded = deployment_outputs(path, case, kimi_model, layer, Topology(1))
