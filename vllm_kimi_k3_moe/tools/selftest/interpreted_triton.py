@@ -30,17 +30,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
-    one_gpu_for_the_data_parallel_group,
-    triton_moe_forward_on_cpu,
-)
+from vllm_kimi_k3_moe.tools.build.stand_ins import triton_moe_forward_on_cpu
 from vllm_kimi_k3_moe.tools.selftest.kernels import (
     RankKernel,
     cpu_selection,
     forward_context,
+    prepared_experts,
     selected_kernel,
 )
-from vllm_kimi_k3_moe.tools.selftest.layer import kimi_moe, routed_experts
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -116,17 +113,8 @@ class InterpretedTriton:
 
     def prepare(self, model: nn.Module, fmt: str, vllm_config: Any) -> RankKernel:
         import torch
-        from vllm.model_executor.model_loader.utils import (
-            process_weights_after_loading,
-        )
 
-        moe = kimi_moe(model)
-        experts = routed_experts(moe)
-        with one_gpu_for_the_data_parallel_group(experts.quant_method.moe):
-            process_weights_after_loading(
-                experts, vllm_config.model_config, self.device
-            )
-            experts._ensure_moe_quant_config_init()
+        moe, experts = prepared_experts(model, vllm_config, self.device)
         _widened_to_fp32(experts)
         runner = moe.experts
 

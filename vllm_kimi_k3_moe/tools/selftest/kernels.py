@@ -111,6 +111,26 @@ def selected_kernel(experts: nn.Module) -> str:
     return f"{name} ({type(method).__name__})"
 
 
+def prepared_experts(
+    model: nn.Module, vllm_config: Any, device: torch.device
+) -> tuple[nn.Module, nn.Module]:
+    """(the ``KimiMoE``, its routed experts), the experts prepared by vLLM's
+    own ``process_weights_after_loading`` as on a GPU: the kernel's weight
+    preparation, then its quantization config. Only the routed experts': the
+    latent projections (quantized in some published formats) hold no loaded
+    weights here."""
+    from vllm.model_executor.model_loader.utils import (
+        process_weights_after_loading,
+    )
+
+    moe = kimi_moe(model)
+    experts = routed_experts(moe)
+    with one_gpu_for_the_data_parallel_group(experts.quant_method.moe):
+        process_weights_after_loading(experts, vllm_config.model_config, device)
+        experts._ensure_moe_quant_config_init()
+    return moe, experts
+
+
 class SelectedKernel:
     """vLLM's own kernel for ``--moe-backend`` on this GPU."""
 
@@ -124,19 +144,7 @@ class SelectedKernel:
         return nullcontext()  # vLLM asks this GPU
 
     def prepare(self, model: nn.Module, fmt: str, vllm_config: Any) -> RankKernel:
-        from vllm.model_executor.model_loader.utils import (
-            process_weights_after_loading,
-        )
-
-        moe = kimi_moe(model)
-        experts = routed_experts(moe)
-        with one_gpu_for_the_data_parallel_group(experts.quant_method.moe):
-            # the routed experts' own: the latent projections (quantized in
-            # some published formats) hold no loaded weights here
-            process_weights_after_loading(
-                experts, vllm_config.model_config, self.device
-            )
-            experts._ensure_moe_quant_config_init()
+        moe, _ = prepared_experts(model, vllm_config, self.device)
         runner = moe.experts
         dtype = vllm_config.model_config.dtype
         monolithic = runner.routed_experts.quant_method.is_monolithic
