@@ -15,8 +15,13 @@ import pytest
 
 from tests.models.kimi_k3.builders import build_kimi_moe_layer, kimi_k3_text_config
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
-from vllm_kimi_k3_moe.formats import FORMATS
-from vllm_kimi_k3_moe.formats.adapters import ADAPTERS, adapters_quantized
+from vllm_kimi_k3_moe.formats import FORMATS, format_named, recognise
+from vllm_kimi_k3_moe.formats.adapters import (
+    ADAPTERS,
+    adapter_contracts,
+    adapters_quantized,
+)
+from vllm_kimi_k3_moe.formats.layouts import safetensors_dtype
 from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
 from vllm_kimi_k3_moe.tools.build.stand_ins import (
     linear_kernels_on_their_gpu,
@@ -102,8 +107,8 @@ HF_QUANT_CASES = {
 }
 
 
-def _adapters_built_quantized(kimi_model, config, hf_quant_config=None) -> set[bool]:
-    """Whether vLLM builds each adapter of a ``KimiMoE`` quantized."""
+def _built_moe(kimi_model, config, hf_quant_config=None):
+    """A ``KimiMoE`` as vLLM builds it under these config files."""
     with tempfile.TemporaryDirectory() as directory:
         model_dir = write_model_dir(
             KIMI_K3_TEXT_CONFIG, config, Serving(), Path(directory)
@@ -119,10 +124,47 @@ def _adapters_built_quantized(kimi_model, config, hf_quant_config=None) -> set[b
             moe = build_kimi_moe_layer(
                 kimi_model.KimiMoE, kimi_k3_text_config(), vllm_config, "meta", PREFIX
             )
+    return moe
+
+
+def _adapters_built_quantized(kimi_model, config, hf_quant_config=None) -> set[bool]:
+    """Whether vLLM builds each adapter of a ``KimiMoE`` quantized."""
+    moe = _built_moe(kimi_model, config, hf_quant_config)
     return {
         type(getattr(moe, adapter).quant_method).__name__ != "UnquantizedLinearMethod"
         for adapter in ADAPTERS
     }
+
+
+QUANTIZED_ADAPTERS = [
+    fmt.name
+    for fmt in FORMATS
+    if adapters_quantized(fmt.published_quantization_config(), None)
+]
+
+
+@pytest.mark.parametrize("name", QUANTIZED_ADAPTERS)
+def test_quantized_adapters_load_what_check_holds_them_to(kimi_model, name):
+    """Where a published config quantizes the adapters, each parameter vLLM
+    builds for them is a tensor ``check`` holds to a contract of the same
+    shape and dtype (a scalar scale is stored ``[]`` and loaded into a
+    ``[1]``)."""
+    config = format_named(name).published_quantization_config()
+    tensors = recognise(config, None, name).tensors
+    moe = _built_moe(kimi_model, config)
+    hidden = KIMI_K3_TEXT_CONFIG["hidden_size"]
+    routed = KIMI_K3_TEXT_CONFIG["routed_expert_hidden_size"]
+    for adapter in ADAPTERS:
+        contracts = adapter_contracts(tensors, adapter, hidden, routed)
+        parameters = dict(getattr(moe, adapter).named_parameters())
+        assert parameters.keys() == contracts.keys(), adapter
+        for suffix, parameter in parameters.items():
+            contract = contracts[suffix]
+            shape = tuple(parameter.shape)
+            assert shape == contract.shape or (
+                parameter.numel() == 1 and contract.shape == ()
+            ), (adapter, suffix, shape, contract.shape)
+            assert safetensors_dtype(str(parameter.dtype)) in contract.dtypes
 
 
 @pytest.mark.parametrize("case", CASES)
