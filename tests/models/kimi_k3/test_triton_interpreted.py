@@ -15,9 +15,9 @@ and, for FP8, vLLM's Triton activation quantization
 (``per_token_group_quant_fp8``), interpreted; only the CUDA-only ops around
 them are stood in (``stand_ins.triton_moe_forward_on_cpu``, each checked in
 ``test_triton_stand_ins``). Each GPU's output must equal its share of the
-unsharded experts (its rows of every expert, or its whole experts), and the
-shares of a layout's GPUs tile every expert's 3072 rows: so the GPUs' outputs
-summed are the unsharded experts (the sum itself is the forward-equivalence
+unsharded experts (its rows of every expert, or its whole experts: the rows
+the GPUs before it hold come first, ``harness.rows_held``), so the GPUs'
+outputs summed are the unsharded experts (the sum itself is the forward-equivalence
 proof's, on vLLM's reference kernel, over every rank; here a layout's GPUs
 of equal layout differ only in which rows they load, which the share of
 each checks).
