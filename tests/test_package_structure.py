@@ -16,10 +16,11 @@ from pathlib import Path
 REPO = Path(__file__).parents[1]
 PACKAGE = "vllm_kimi_k3_moe"
 TOOLS = f"{PACKAGE}.tools"
-# Heavy imports a function may defer, to keep light processes light:
-# huggingface_hub (a few hundred ms) only where check looks a Hugging Face
-# id up in its cache.
-HEAVY = ("vllm", "torch", "huggingface_hub")
+# Heavy imports a function may defer, to keep light processes light: vLLM
+# and what it brings (torch; Triton and numpy for the interpreted Triton
+# stand-ins), and huggingface_hub (a few hundred ms) only where check looks a
+# Hugging Face id up in its cache.
+HEAVY = ("vllm", "torch", "triton", "numpy", "huggingface_hub")
 HUMMING = "HUMMING_DISABLE_PARALLEL_BUILD"  # tools.cli.common.HUMMING_BACKGROUND_BUILDS
 
 
@@ -94,7 +95,7 @@ def test_no_import_cycle_anywhere_in_the_package() -> None:
 
 def test_functions_defer_only_heavy_imports() -> None:
     """A package module is imported at the top of the module that needs it;
-    a function defers only vLLM and torch (so a light process stays light)."""
+    a function defers only the heavy ones (so a light process stays light)."""
     known = modules()
     deferred = [
         f"{name}: {target}"
