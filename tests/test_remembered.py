@@ -89,6 +89,10 @@ def test_what_vllm_sets_while_it_builds_changes_no_key(tmp_path, monkeypatch):
     """vLLM sets VLLM_* variables itself as it makes a config: an answer
     worked out after a build is found by a command that builds nothing."""
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path))
+    # as a command starts: not set yet (a build earlier in this test process
+    # may have set it, as vLLM 0.33.0 does)
+    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
+    kept.vllm_environment.cache_clear()
     work = Counted()
     remembered("first", work)  # this command's settings read here
     monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")  # as vLLM does
