@@ -55,15 +55,17 @@ _UNINITIALISED = (torch.empty, torch.empty_strided)
 
 class _FilledEmpty(TorchFunctionMode):
     """Fills every contiguous CPU tensor ``torch.empty`` or
-    ``torch.empty_strided`` returns with one byte. A mode, not a replaced
+    ``torch.empty_strided`` returns with one byte, or with random bytes from
+    ``generator``. A mode, not a replaced
     ``torch.empty``: torch's device contexts recognise the constructors they
     place by identity, and a replacement seen by the first ``torch.device``
     block of a process stays in torch's cache (a later ``torch.device("meta")``
     then no longer places ``torch.empty``)."""
 
-    def __init__(self, byte: int) -> None:
+    def __init__(self, byte: int, generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.byte = byte
+        self.generator = generator
 
     def __torch_function__(
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -76,7 +78,11 @@ class _FilledEmpty(TorchFunctionMode):
             and result.dim()
             and result.is_contiguous()
         ):
-            result.view(torch.uint8).fill_(self.byte)
+            data = result.view(torch.uint8)
+            if self.generator is None:
+                data.fill_(self.byte)
+            else:
+                data.random_(0, 256, generator=self.generator)
         return result
 
 
@@ -87,6 +93,16 @@ def uninitialised_memory_reads(byte: int) -> Iterator[None]:
     what a GPU allocation may hold before anything is written (a CPU often
     hands out zeroed pages instead, which would hide a pad nobody wrote)."""
     with _FilledEmpty(byte):
+        yield
+
+
+@contextmanager
+def random_uninitialised_memory(seed: int) -> Iterator[None]:
+    """``torch.empty`` and ``torch.empty_strided`` on the CPU return tensors
+    of random bytes (seeded): one constant byte can cancel out in a forward
+    or happen to decode as zero in some format; random bytes in a pad show
+    whoever reads it."""
+    with _FilledEmpty(0, torch.Generator().manual_seed(seed)):
         yield
 
 

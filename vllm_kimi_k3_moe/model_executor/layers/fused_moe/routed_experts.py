@@ -109,6 +109,10 @@ from typing import Any
 
 import torch
 
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.fresh_tensors import (
+    expert_parameters,
+    zero_fresh_tensors_before_loading,
+)
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import (
     is_online,
     pad_rows,
@@ -136,9 +140,8 @@ def zero_expert_tensors(layer: torch.nn.Module) -> None:
     ``w13_*`` / ``w2_*``) of ``layer``: the loader fills the checkpoint rows
     of each, the pad stays zero (weights and scales, so it dequantizes to
     zero in every format, INT4's offset nibbles included)."""
-    for name, param in layer.named_parameters(recurse=False):
-        if name.startswith(("w13_", "w2_")) and param.dim() == 3:
-            param.data.zero_()
+    for param in expert_parameters(layer).values():
+        param.data.zero_()
 
 
 def _pads_keep_zero_scales(layer: torch.nn.Module) -> None:
@@ -184,6 +187,7 @@ def _install(method: Any, build: KimiMoEBuild, chosen: Chosen) -> None:
         if current_kimi_moe_build() is not build:
             return
         layer.kimi_k3_partition = choice  # what the tools report of it
+        zero_fresh_tensors_before_loading(layer)  # in-place updates' tensors
         if not chosen.layout.whole_groups:
             record_rows_held(layer.moe_config, choice.logical)
         if is_online(method):  # on meta until loaded: zeroed before quantizing

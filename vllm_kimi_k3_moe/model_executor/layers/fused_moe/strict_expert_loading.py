@@ -140,6 +140,10 @@ class StrictExpertLoading:
         # (projection, suffix) of every checkpoint tensor an expert has here
         self.expert_tensors: list[tuple[str, str]] = []
         self.written: set[ExpertSlice] = set()
+        # Until the layer is first prepared for its kernel (vLLM's cold
+        # start), every expert tensor must arrive once; after it, loads are
+        # in-place updates (``check_complete``).
+        self.cold_start = True
         # What this layer's keys start with in the checkpoint, once seen.
         self.checkpoint_prefix = f"{self.layer_name}."
 
@@ -150,9 +154,10 @@ class StrictExpertLoading:
     def is_local(self, expert_id: int) -> bool:
         return bool(self.experts.expert_map_manager.is_local_expert(expert_id))
 
-    def loader_for(self, suffix: str) -> Callable[..., Any]:
+    def loader_for(self, suffix: str, own: Callable[..., Any]) -> Callable[..., Any]:
         """The ``weight_loader`` for the expert parameter the checkpoint
-        tensors ``<projection>.<suffix>`` load into."""
+        tensors ``<projection>.<suffix>`` load into, in front of its own
+        (``own``)."""
 
         def weight_loader(
             param: nn.Parameter,
@@ -168,14 +173,19 @@ class StrictExpertLoading:
             self.load.started = True
             self.learn_checkpoint_prefix(expert_slice, loaded_weight)
             self.check_contract(expert_slice, loaded_weight, weight_name)
-            local = self.is_local(expert_id)
+            # The ledger is the cold start's. On ``meta`` vLLM's layerwise
+            # loader only counts what a call would write (it replays the call
+            # on the materialised tensor); an update may deliver any part of
+            # the checkpoint, or write without calling a loader at all.
+            ledger = self.cold_start and not param.is_meta
+            local = ledger and self.is_local(expert_id)
             if local and expert_slice in self.written:
                 raise ValueError(
                     f"Kimi-K3 checkpoint tensor {self.checkpoint_name(expert_slice)}"
                     f" (expert {expert_id}, into {weight_name}) is loaded a second"
                     " time; the checkpoint must hold each expert tensor once."
                 )
-            result = self.experts.weight_loader(
+            result = own(
                 param,
                 loaded_weight,
                 weight_name,
@@ -314,14 +324,16 @@ def _install(
         suffix = checkpoint_suffixes[parameter_suffix]
         projections = ("w1", "w3") if stem == "w13" else ("w2",)
         loading.expert_tensors += [(projection, suffix) for projection in projections]
-        param.weight_loader = loading.loader_for(suffix)
+        param.weight_loader = loading.loader_for(suffix, param.weight_loader)
 
     quant_method = experts.quant_method
     process_weights = quant_method.process_weights_after_loading
 
     def process_weights_after_loading(layer: nn.Module) -> None:
-        loading.check_complete()
-        loading.written.clear()  # A later reload starts a fresh ledger.
+        if loading.cold_start:
+            loading.check_complete()
+            loading.cold_start = False
+            loading.written.clear()
         process_weights(layer)
 
     quant_method.process_weights_after_loading = process_weights_after_loading

@@ -1,0 +1,171 @@
+"""Weights updated in a running server land as a fresh load of them would:
+through vLLM's own update paths (``updates.PATHS``), twice in a row, every
+rank holds byte for byte what a fresh build and load of the same weights
+holds after its kernel prepared them, pads zero, with uninitialised memory
+random; and the strict loader still refuses a broken checkpoint at the cold
+start."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from types import ModuleType
+
+import pytest
+
+from tests.models.kimi_k3.preparation.harness import PreparationCase
+from tests.models.kimi_k3.preparation.updates import (
+    PATHS,
+    differences,
+    served_rank,
+    snapshot,
+    weights_of,
+)
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
+from vllm_kimi_k3_moe.tools.build.vllm_config import OnlineQuantization
+from vllm_kimi_k3_moe.tools.topology import Topology
+
+TP8, TP16, TP32 = Topology(8), Topology(16), Topology(32)
+TP16_DP2 = Topology(16, dp_size=2)
+TP8_EP = Topology(8, expert_parallel=True)
+UPDATES = (1, 2)  # weights B and C after A (0): two updates in a row
+
+
+def _has_lifecycle() -> bool:
+    """vLLM 0.34's update lifecycle (``start_reload`` / ``finish_reload``,
+    direct mode, load plans, EPLB's recovery); 0.33 has none."""
+    from vllm.model_executor.model_loader import reload
+
+    return hasattr(reload, "start_reload")
+
+
+def _paths_of_this_vllm() -> list[str]:
+    """The update paths this vLLM has: the public reload on both releases,
+    the rest on 0.34."""
+    return [p for p in PATHS if p == "reload_weights" or _has_lifecycle()]
+
+
+def _mode(path: str) -> str:
+    return "direct" if path == "load_plan" else "layerwise"
+
+
+def updated_like_fresh(
+    kimi_model: ModuleType,
+    case: PreparationCase,
+    path: str,
+    online: OnlineQuantization | None = None,
+) -> list[str]:
+    """What differs, after each update through ``path``, from a fresh load of
+    the same weights on ``case``'s GPU (each loaded with other random
+    bytes in memory nobody wrote)."""
+    fresh = {}
+    for version in UPDATES:
+        with served_rank(kimi_model, case, version, online, seed=100 + version) as r:
+            fresh[version] = snapshot(r.experts)
+    problems = []
+    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-updates-")}
+    with served_rank(kimi_model, case, 0, online, seed=1) as served:
+        assert is_online(served.experts.quant_method) == (online is not None)
+        for version in UPDATES:
+            PATHS[path](served, weights_of(served.layer, version), state)
+            wrong = differences(snapshot(served.experts), fresh[version])
+            if wrong:
+                problems.append(
+                    f"{case.label()}, update {version} through {path}: {wrong}"
+                )
+    return problems
+
+
+@pytest.fixture
+def reload_mode(monkeypatch: pytest.MonkeyPatch):
+    def set_mode(path: str) -> None:
+        monkeypatch.setenv("VLLM_RELOAD_MODE", _mode(path))
+
+    return set_mode
+
+
+@pytest.mark.parametrize("path", _paths_of_this_vllm())
+def test_mxfp4_marlin_at_tp32_every_rank(kimi_model, reload_mode, path) -> None:
+    """The released checkpoint on Marlin at TP32 (96 rows of 128 held), every
+    one of the 32 GPUs, updated twice."""
+    if path == "eplb_recovery":
+        pytest.skip("EPLB reloads expert-parallel layers: see the EP test")
+    reload_mode(path)
+    problems = []
+    for rank in range(32):
+        case = PreparationCase("mxfp4", "marlin", TP32, rank, rows=96)
+        problems += updated_like_fresh(kimi_model, case, path)
+    assert not problems, "\n".join(problems)
+
+
+# (config in kimi_k3_formats, --moe-backend): MXFP4 (the release), FP8 in
+# [128, 128] blocks, NVFP4, INT4 in groups of 128 (AutoAWQ), all on Marlin
+FORMATS = [
+    ("mxfp4", "marlin"),
+    ("fp8-block", "marlin"),
+    ("nvfp4", "marlin"),
+    ("awq", "marlin"),
+]
+LAYOUTS = [TP8, TP16, TP32, TP16_DP2, TP8_EP]
+
+
+def ranks_to_update(layout: Topology) -> list[int]:
+    """The first and last GPU, and the two either side of the middle (where
+    whole scale groups leave the last GPUs fewer rows or none): every GPU of
+    every layout runs in ``python -m benchmarks.in_place_updates``."""
+    gpus = layout.tp_size * layout.dp_size
+    return sorted({0, gpus // 2 - 1, gpus // 2, gpus - 1})
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda t: t.label())
+@pytest.mark.parametrize(("config", "backend"), FORMATS)
+def test_updated_through_the_public_reload(
+    kimi_model, reload_mode, config, backend, layout
+) -> None:
+    """GPUs of each layout, each format, updated twice through
+    ``reload_weights`` (vLLM's layerwise reload on both releases)."""
+    reload_mode("reload_weights")
+    problems = []
+    for rank in ranks_to_update(layout):
+        case = PreparationCase(config, backend, layout, rank)
+        problems += updated_like_fresh(kimi_model, case, "reload_weights")
+    assert not problems, "\n".join(problems)
+
+
+# Two online methods: BF16 trainer weights quantized as they load, at a
+# layout with a pad (TP16 x DP2: 96 rows of each expert held)
+ONLINE = [
+    ("fp8_per_block", "triton"),
+    ("fp8_per_tensor", "marlin"),
+]
+
+
+@pytest.mark.parametrize("path", _paths_of_this_vllm()[:2])
+@pytest.mark.parametrize(("method", "backend"), ONLINE)
+def test_bf16_updates_into_an_online_quantized_model(
+    kimi_model, reload_mode, method, backend, path
+) -> None:
+    """BF16 weights pushed into a model quantized while it loaded come out
+    as a fresh quantized load of them: re-quantized, pads zero."""
+    reload_mode(path)
+    online = OnlineQuantization(None, json.dumps({"moe": method}))
+    problems = []
+    for layout in (TP16_DP2, TP32):
+        for rank in ranks_to_update(layout):
+            case = PreparationCase("bf16", backend, layout, rank)
+            problems += updated_like_fresh(kimi_model, case, path, online)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.skipif(not _has_lifecycle(), reason="EPLB's recovery is vLLM 0.34's")
+def test_eplb_recovery_reloads_experts_from_disk(kimi_model, reload_mode) -> None:
+    """vLLM 0.34's recovery after a dead expert-parallel peer reloads each
+    GPU's experts from the checkpoint on disk, twice, on every GPU of TP8
+    with expert parallelism."""
+    reload_mode("eplb_recovery")
+    problems = []
+    for config, backend in FORMATS:
+        for rank in ranks_to_update(TP8_EP):
+            case = PreparationCase(config, backend, TP8_EP, rank)
+            problems += updated_like_fresh(kimi_model, case, "eplb_recovery")
+    assert not problems, "\n".join(problems)

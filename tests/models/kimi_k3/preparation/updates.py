@@ -1,0 +1,303 @@
+"""One rank's routed experts served, then updated in place through vLLM's own
+reload code, as a running server's weights are updated (RL weight sync,
+EPLB's recovery), and compared with a fresh load of the same weights.
+
+A rank is built and cold-loaded as vLLM's model loader does it
+(``BaseModelLoader.load_model``: the model built, its reload metadata
+recorded, its checkpoint loaded through ``load_weights``, an online layer's
+processing finished, every module prepared for its kernel), on the CPU with
+the kernels' compiled preparation stood in (``stand_ins``), every byte
+``torch.empty`` hands out random (``random_uninitialised_memory``: on a GPU a
+fresh allocation holds whatever was there). Then ``PATHS`` load new weights
+into it the way each of vLLM's update paths does, each calling vLLM's own
+functions. ``snapshot`` takes every tensor the experts hold after their
+kernel prepared them, to be compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from tests.models.kimi_k3.gpu_stand_ins import random_uninitialised_memory
+from tests.models.kimi_k3.preparation import stand_ins
+from tests.models.kimi_k3.preparation.harness import (
+    PreparationCase,
+    PreparedLayer,
+    _layer,
+    _layer_topology,
+)
+from vllm_kimi_k3_moe.patching import replaced_attributes
+from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
+from vllm_kimi_k3_moe.tools.build.stand_ins import one_gpu_for_the_data_parallel_group
+from vllm_kimi_k3_moe.tools.build.vllm_config import (
+    OnlineQuantization,
+    rank_vllm_config,
+)
+from vllm_kimi_k3_moe.tools.selftest.checkpoint import expert_key
+from vllm_kimi_k3_moe.tools.selftest.kernels import ReferenceKernel
+from vllm_kimi_k3_moe.tools.selftest.layer import (
+    build_moe_layers,
+    kimi_moe,
+    routed_experts,
+)
+
+CPU = torch.device("cpu")
+Weights = dict[str, torch.Tensor]
+
+
+def weights_of(layer: PreparedLayer, version: int) -> Weights:
+    """Version ``version`` of the layer's expert weights: version 0 is the
+    synthetic checkpoint; version v gives expert e what expert e + v held
+    (every tensor a valid one of its format, and a different one)."""
+    if version == 0:
+        return layer.tensors
+    experts = layer.shape.experts
+    moved = {}
+    for key in layer.tensors:
+        head, expert, projection, suffix = key.rsplit(".", 3)
+        source = expert_key((int(expert) + version) % experts, projection, suffix)
+        assert source.startswith(head), key
+        moved[key] = layer.tensors[source]
+    return moved
+
+
+def _load_weights(model: nn.Module, weights: Any) -> set[str]:
+    """``KimiK3ForConditionalGeneration.load_weights``: vLLM's
+    ``AutoWeightsLoader`` with Kimi-K3's checkpoint name mapper."""
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+    from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
+
+    return AutoWeightsLoader(model).load_weights(
+        weights, mapper=KimiK3ForConditionalGeneration.hf_to_vllm_mapper
+    )
+
+
+@dataclass
+class ServedRank:
+    model: nn.Module  # Kimi-K3's module tree, with a ``load_weights``
+    experts: nn.Module  # the rank's RoutedExperts
+    vllm_config: Any
+    layer: PreparedLayer
+
+
+def prepare_for_kernel(served: ServedRank) -> None:
+    """What vLLM runs after the checkpoint is loaded (``load_model``)."""
+    from vllm.model_executor.model_loader.base_loader import _has_online_quant
+    from vllm.model_executor.model_loader.reload import (
+        finalize_layerwise_processing,
+    )
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    model_config = served.vllm_config.model_config
+    if _has_online_quant(served.model):
+        finalize_layerwise_processing(served.model, model_config)
+    process_weights_after_loading(served.model, model_config, CPU)
+
+
+@contextlib.contextmanager
+def _kernel_on_cpu(served: ServedRank) -> Iterator[None]:
+    """The stand-ins a kernel's weight preparation needs on the CPU."""
+    with (
+        stand_ins.loading(),
+        stand_ins.on_cpu(),
+        one_gpu_for_the_data_parallel_group(served.experts.moe_config),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def served_rank(
+    kimi_model: ModuleType,
+    case: PreparationCase,
+    weights: int = 0,
+    online: OnlineQuantization | None = None,
+    seed: int = 0,
+) -> Iterator[ServedRank]:
+    """``case``'s GPU built through the ``KimiMoE`` vLLM's model module holds
+    now (the plugin's, or vLLM alone's), cold-loaded with version
+    ``weights`` and prepared for its kernel; posing as that rank for the
+    block, uninitialised memory random (``seed``) throughout."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+    from vllm.v1.worker import workspace
+
+    layer = _layer(case.config, _layer_topology(case.topology))
+    selftest = case.selftest_case()
+    topology = case.topology
+    rank = Rank(
+        topology,
+        tp_rank=case.rank % topology.tp_size,
+        dp_rank=case.rank // topology.tp_size,
+    )
+    with (
+        random_uninitialised_memory(seed),
+        simulated_rank(rank),
+        ReferenceKernel().selection(selftest.deployment(topology)),
+    ):
+        vllm_config = rank_vllm_config(
+            layer.model_dir, topology, case.backend, online=online
+        )
+        with (
+            set_current_vllm_config(vllm_config),
+            replaced_attributes(workspace, _manager=workspace.WorkspaceManager(CPU)),
+        ):
+            with stand_ins.loading():
+                model = build_moe_layers(
+                    kimi_model, kimi_model.KimiMoE, vllm_config, "cpu"
+                )
+                record_metadata_for_reloading(model)  # vLLM's initialize_model
+                model.load_weights = functools.partial(_load_weights, model)
+                experts = routed_experts(kimi_moe(model))
+                served = ServedRank(model, experts, vllm_config, layer)
+                model.load_weights(weights_of(layer, weights).items())
+            with _kernel_on_cpu(served):
+                prepare_for_kernel(served)
+            yield served
+
+
+def snapshot(experts: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer the experts hold, as bytes, but those no
+    loader writes (vLLM's ``SKIP_LOAD_TENSORS``: the expert map, the
+    router's correction bias, which the checkpoint's router holds)."""
+    from vllm.model_executor.model_loader.reload.meta import SKIP_LOAD_TENSORS
+
+    tensors = dict(experts.named_parameters()) | dict(experts.named_buffers())
+    return {
+        name: tensor.detach().reshape(-1).contiguous().view(torch.uint8).clone()
+        for name, tensor in tensors.items()
+        if not tensor.is_meta and name.rsplit(".", 1)[-1] not in SKIP_LOAD_TENSORS
+    }
+
+
+def differences(found: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> list:
+    """The tensors that differ from a fresh load's, by name."""
+    names = sorted(found.keys() | fresh.keys())
+    return [
+        name
+        for name in names
+        if name not in found
+        or name not in fresh
+        or found[name].shape != fresh[name].shape
+        or not torch.equal(found[name], fresh[name])
+    ]
+
+
+# --- vLLM's update paths, each as a running server takes it ------------------
+
+
+def reload_weights(served: ServedRank, weights: Weights, state: dict) -> None:
+    """The public entry (``collective_rpc("reload_weights")``, both
+    releases): ``reload.inplace.reload_weights`` with an iterator of
+    checkpoint-format tensors, vLLM's layerwise reload."""
+    from vllm.model_executor.model_loader.reload.inplace import (
+        reload_weights as vllm_reload_weights,
+    )
+
+    with _kernel_on_cpu(served):
+        vllm_reload_weights(
+            served.vllm_config,
+            served.model,
+            iter(weights.items()),
+            weights_path=None,
+            is_checkpoint_format=True,
+        )
+
+
+def start_and_finish(served: ServedRank, weights: Weights, state: dict) -> None:
+    """vLLM 0.34's weight-transfer engines (IPC, M2N): ``start_reload``,
+    ``load_weights``, ``finish_reload``, in the mode ``VLLM_RELOAD_MODE``
+    selects."""
+    from vllm.model_executor.model_loader.reload import finish_reload, start_reload
+
+    with _kernel_on_cpu(served):
+        start_reload(served.model)
+        served.model.load_weights(iter(weights.items()))
+        finish_reload(served.model, served.vllm_config.model_config, CPU)
+
+
+def load_plan(served: ServedRank, weights: Weights, state: dict) -> None:
+    """vLLM 0.34's NCCL weight-transfer engine in direct mode: its first
+    update traces ``load_weights`` into a load plan (``plan_loads``), every
+    update copies through the plan (``load_planned``: straight into the
+    storage, no ``weight_loader`` for a direct name)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta
+    from vllm.model_executor.model_loader.reload import (
+        finish_reload,
+        load_planned,
+        plan_loads,
+        start_reload,
+    )
+
+    with _kernel_on_cpu(served):
+        start_reload(served.model)
+        if "plan" not in state:
+            metas = [
+                ParamMeta(name=name, dtype=tensor.dtype, shape=tuple(tensor.shape))
+                for name, tensor in weights.items()
+            ]
+            state["plan"] = plan_loads(served.model, metas)
+        load_planned(served.model, state["plan"], iter(weights.items()))
+        finish_reload(served.model, served.vllm_config.model_config, CPU)
+
+
+def eplb_recovery(served: ServedRank, weights: Weights, state: dict) -> None:
+    """vLLM 0.34's recovery from a dead expert-parallel peer
+    (``v1/worker/sentinel/eplb_redistribute.reload_experts_from_disk``): the
+    layer's experts reloaded from the checkpoint on disk, placement kept,
+    through ``initialize_layerwise_reload(layer, defer_processing=True)``."""
+    from vllm.v1.worker.sentinel.eplb_redistribute import reload_experts_from_disk
+
+    directory = Path(state["directory"]) / f"v{len(state.setdefault('written', []))}"
+    _write_checkpoint(served.layer.model_dir, directory, weights)
+    state["written"].append(directory)
+    from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
+
+    # what KimiK3ForConditionalGeneration holds: its checkpoint name mapper,
+    # and the MoE layers EPLB registers (MixtureOfExperts' moe_layers)
+    served.model.hf_to_vllm_mapper = KimiK3ForConditionalGeneration.hf_to_vllm_mapper
+    served.model.moe_layers = [kimi_moe(served.model).experts]
+    experts = served.experts.moe_config.num_experts
+    placement = torch.arange(experts).unsqueeze(0)
+    config = served.vllm_config.model_config
+    with (
+        _kernel_on_cpu(served),
+        replaced_attributes(config, model=str(directory), model_weights=""),
+    ):
+        reload_experts_from_disk(
+            served.model,
+            served.vllm_config,
+            {(0, expert) for expert in range(experts)},
+            placement,
+        )
+
+
+def _write_checkpoint(model_dir: Path, directory: Path, weights: Weights) -> None:
+    """A checkpoint directory of ``weights``: ``model_dir``'s files and one
+    safetensors shard."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(model_dir, directory)
+    save_file(
+        {key: tensor.contiguous() for key, tensor in weights.items()},
+        os.fspath(directory / "model.safetensors"),
+    )
+
+
+PATHS: dict[str, Callable[[ServedRank, Weights, dict], None]] = {
+    "reload_weights": reload_weights,
+    "start_reload": start_and_finish,
+    "load_plan": load_plan,
+    "eplb_recovery": eplb_recovery,
+}
