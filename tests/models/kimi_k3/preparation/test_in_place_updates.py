@@ -148,7 +148,7 @@ def test_bf16_updates_into_an_online_quantized_model(
     """BF16 weights pushed into a model quantized while it loaded come out
     as a fresh quantized load of them: re-quantized, pads zero."""
     reload_mode(path)
-    online = OnlineQuantization(None, json.dumps({"moe": method}))
+    online = OnlineQuantization("online", json.dumps({"moe": method}))
     problems = []
     for layout in (TP16_DP2, TP32):
         for rank in ranks_to_update(layout):
@@ -160,8 +160,8 @@ def test_bf16_updates_into_an_online_quantized_model(
 @pytest.mark.skipif(not _has_lifecycle(), reason="EPLB's recovery is vLLM 0.34's")
 def test_eplb_recovery_reloads_experts_from_disk(kimi_model, reload_mode) -> None:
     """vLLM 0.34's recovery after a dead expert-parallel peer reloads each
-    GPU's experts from the checkpoint on disk, twice, on every GPU of TP8
-    with expert parallelism."""
+    GPU's experts from the checkpoint on disk, twice, each format, on GPUs of
+    TP8 with expert parallelism."""
     reload_mode("eplb_recovery")
     problems = []
     for config, backend in FORMATS:
