@@ -20,13 +20,17 @@ ledger entry; each applies and reverts on its own):
     splits one, with a zero pad and the rows each GPU holds recorded; a
     method without any rule keeps vLLM alone's partition, and so does an
     online method (quantizing BF16 while vLLM loads it), its pads zeroed once
-    loaded, before it quantizes. Delete with the model patch.
+    loaded, before it quantizes. Each per-expert parameter's
+    ``weight_loader`` zeroes a tensor vLLM materialised to reload into
+    before its first write (``fresh_tensors``): pads stay zero through every
+    in-place update. Delete with the model patch.
 
 ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading``
     ``vllm.models.kimi_k3.nvidia.model.KimiMoE``: its routed-expert
     parameters' ``weight_loader`` refuses checkpoint tensors of the wrong
-    shape or dtype, duplicated and never-loaded expert tensors, in every
-    format the registry knows. Delete when vLLM's expert loader validates
+    shape or dtype and, at the cold start, duplicated and never-loaded expert
+    tensors, in every format the registry knows; in-place updates are held
+    to the shapes and dtypes only. Delete when vLLM's expert loader validates
     these itself (independent of the padding patches).
 
 ``vllm_kimi_k3_moe.model_executor.model_loader.default_loader``

@@ -46,7 +46,7 @@ def _paths_of_this_vllm() -> list[str]:
 
 
 def _mode(path: str) -> str:
-    return "direct" if path == "load_plan" else "layerwise"
+    return "direct" if path in ("direct", "load_plan") else "layerwise"
 
 
 def updated_like_fresh(

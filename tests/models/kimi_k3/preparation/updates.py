@@ -298,6 +298,7 @@ def _write_checkpoint(model_dir: Path, directory: Path, weights: Weights) -> Non
 PATHS: dict[str, Callable[[ServedRank, Weights, dict], None]] = {
     "reload_weights": reload_weights,
     "start_reload": start_and_finish,
+    "direct": start_and_finish,  # with VLLM_RELOAD_MODE=direct
     "load_plan": load_plan,
     "eplb_recovery": eplb_recovery,
 }

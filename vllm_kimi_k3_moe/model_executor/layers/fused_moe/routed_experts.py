@@ -13,7 +13,8 @@ Replaces
     ``FusedMoEConfig`` partition fields), builds the quantization method for
     it, and sets two instance attributes on that method,
     ``maybe_roundup_sizes`` and ``create_weights``, which defer to the
-    method's own (for an online method a third,
+    method's own, and wraps the ``weight_loader`` attribute of each
+    per-expert parameter (``fresh_tensors``) (for an online method a third,
     ``process_weights_after_loading``: ``online``; and, where a GPU holds
     whole INT scale groups, one on the layer:
     ``_load_model_weight_or_group_weight_scale``). Every other model's
@@ -70,7 +71,10 @@ How
     ``intermediate_size_per_partition_unpadded``, as vLLM alone's
     ``KimiMoE`` does after construction, over TP x DP) and zero-fills the
     per-expert tensors before any weight is loaded (the loader writes only
-    checkpoint rows), or, for an online method, gives it a
+    checkpoint rows), has each per-expert parameter's loader zero a tensor
+    vLLM materialised for an in-place update before its first write
+    (``fresh_tensors``: vLLM 0.33's layerwise reload leaves it as the memory
+    held), or, for an online method, gives it a
     ``process_weights_after_loading`` that zeroes the pad rows with the
     method's own ``_zero_padding`` once the weights are materialised and
     loaded, before the method quantizes them (``online``); a whole-group INT
@@ -91,7 +95,8 @@ Delete when
     release that ships that PR (the plugin refuses anything but vLLM 0.33.x
     and 0.34.x); the online part needs that release's ``KimiMoE`` to record
     the rows over TP x DP and its layerwise loader to zero what it
-    materialises (0.34's does).
+    materialises (0.34's does; so does the zeroing of tensors materialised
+    for an in-place update, ``fresh_tensors``).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each (the online paths:

@@ -34,14 +34,21 @@ How
     by its key in the checkpoint
     (``vllm_kimi_k3_moe.model_executor.model_loader.default_loader``), the
     expert, and the shapes or dtypes expected and found, before any byte is
-    copied. Valid tensors are handed on as they are. Each slice (expert x
-    projection x suffix) written on this rank is recorded;
-    a second write raises before copying. Just before the quantization method
-    post-processes the layer, slices never written raise ``ValueError``
-    listing them. A layer that received no expert tensor at all is left alone
-    unless another Kimi-K3 layer of the same model did (dummy weights,
-    tensorizer and pre-processed weight caches fill parameters without the
-    loader).
+    copied. Valid tensors are handed on to the parameter's own loader. At
+    the cold start (until the layer is first prepared for its kernel), each
+    slice (expert x projection x suffix) written on this rank is recorded;
+    a second write raises before copying, and just before the quantization
+    method post-processes the layer, slices never written raise
+    ``ValueError`` listing them. A layer that received no expert tensor at
+    all is left alone unless another Kimi-K3 layer of the same model did
+    (dummy weights, tensorizer and pre-processed weight caches fill
+    parameters without the loader). Not recorded: a call on a ``meta``
+    tensor (vLLM's layerwise loader runs each loader once there to count
+    what it writes, then again on the materialised tensor), and every load
+    after the cold start. Those are in-place updates (RL weight sync, EPLB's
+    recovery; ``docs/design.md``), which may deliver any part of the
+    checkpoint, or write through a load plan without calling a loader: each
+    tensor an update hands a loader is still held to its contract.
 Related PR
     None upstream: vLLM's generic loader has the same gap for every MoE model;
     this plugin closes it for Kimi-K3, whose 1.5-2.8 TB checkpoints make a
