@@ -168,7 +168,10 @@ def rule_of(method: Any, config: Any) -> PartitionRule | None:
 def _no_rule(method: Any) -> str:
     """Why ``method`` keeps vLLM alone's partition (it has no rule)."""
     if is_online(method):
-        return "quantized while loading (online): vLLM alone's partition"
+        return (
+            "quantized while loading (online), not learned from what it "
+            "quantizes to: vLLM alone's partition"
+        )
     return "no rule for this method: vLLM alone's partition"
 
 
@@ -250,7 +253,8 @@ class LayoutChooser:
         if not reference.built:
             return self._keep(alone, "vLLM alone's error")
         method = reference.method
-        rule = rule_of(method, self.config)
+        with logging_held_back():  # an online method is run to learn its rule
+            rule = rule_of(method, self.config)
         if rule is None:
             return self._keep(alone, _no_rule(method))
         upstream = limit = refused = None
@@ -264,7 +268,7 @@ class LayoutChooser:
             else:
                 refused = f"its kernel cannot run {upstream} rows ({rule.name})"
         group = rule.row_group(method)
-        whole_groups = self.logical % group != 0
+        whole_groups = rule.groups_in_checkpoint and self.logical % group != 0
         if whole_groups:
             start, step = whole_group_partition(self.logical, group), group
         else:
