@@ -17,8 +17,10 @@ will get. The trials ask vLLM, in this order:
 2. the smallest partition the method's rule accepts (its format's in the
    registry, else one learned from the method itself: ``learned_rule``) and
    its kernel keeps as it is after its weight preparation, no larger than
-   what vLLM alone's kernel keeps where vLLM alone builds, otherwise no
-   larger than the whole expert: where the even slice splits a scale group
+   what vLLM alone's kernel keeps where vLLM alone builds (than what vLLM
+   alone allocates, for a method quantizing while loading: its rule is
+   learned from what it quantizes to, ``online.quantized_rule``), otherwise
+   no larger than the whole expert: where the even slice splits a scale group
    the GPU holds whole groups instead (``RankLayout.whole_groups``); the
    method built for it must select vLLM alone's kernel;
 3. failing that, vLLM alone's layout exactly; or, where vLLM alone fails and
@@ -265,6 +267,11 @@ class LayoutChooser:
                 with logging_held_back():
                     limit = rule.resident(method, upstream)
                 self.upstream_resident = limit
+                if not rule.groups_in_checkpoint:
+                    # quantized while loading: never more than vLLM alone
+                    # allocates (what its kernel pads that to is not shown
+                    # to be what the plugin's allocation prepares to)
+                    limit = upstream
             else:
                 refused = f"its kernel cannot run {upstream} rows ({rule.name})"
         group = rule.row_group(method)
