@@ -167,6 +167,7 @@ SMALLEST = {
     ("nvfp4_per_token", "flashinfer_trtllm"): 128,
     ("nvfp4_per_token", "flashinfer_cutedsl"): 128,
     ("nvfp4_per_token", "marlin"): 128,
+    ("nvfp4_per_token", "humming"): 128,  # vLLM 0.33 (0.34 refuses it)
     ("lut_b_moe", "emulation"): 256,
 }
 
