@@ -45,6 +45,10 @@ class PartitionRule:
     # (MXFP4 Marlin: 128 rows where 64 would be whole blocks of 32): then a
     # GPU's rows depend on the kernel (``rank_rows``' ``partition``).
     kernel_may_allocate_more: bool = True
+    # Whether the checkpoint's rows come in these groups, so a GPU holding
+    # part of one would need another GPU's scales; not for a method that
+    # quantizes BF16 while loading (its groups start at each GPU's first row)
+    groups_in_checkpoint: bool = True
 
     def resident(self, method: Any, n: int) -> int:
         """The rows the method's kernel keeps once its weight preparation

@@ -1,7 +1,7 @@
 """Every MoE quantization method the installed vLLM defines is accounted for: a
 format of the registry names it, or the suite builds it from a config and the
 plugin learns its partition rule from it (``learned_rule``), or it quantizes
-while loading (online: no rule, vLLM alone's partition, tested in
+while loading (online: a rule learned from what it quantizes to, tested in
 ``preparation/test_online_quantization.py``), or it is not a method
 Kimi-K3's NVIDIA experts can get, for the reason given. A method vLLM adds
 fails here until it is one of the four."""
@@ -44,7 +44,8 @@ NOT_KIMI_K3_ON_NVIDIA = {
 }
 # Methods an online --quantization flag gives Kimi-K3's experts: built,
 # loaded, quantized and prepared at every layout by
-# preparation/test_online_quantization.py (its PATHS), with no rule.
+# preparation/test_online_quantization.py (its PATHS), with the rule learned
+# from what each quantizes to.
 ONLINE = {path.method for path in PATHS}
 # Methods Kimi-K3 can get from another toolkit's checkpoint, which the
 # suite's quantization space does not build: the chooser learns their rule

@@ -271,11 +271,17 @@ def online_methods_observed(into: Quantized) -> Iterator[None]:
 def _observed(own: Any, into: Quantized) -> Any:
     @functools.wraps(own)
     def process_weights_after_loading(self: Any, layer: Any) -> Any:
+        from vllm.model_executor.layers.fused_moe import RoutedExperts
+
         from vllm_kimi_k3_moe.tools.build.stand_ins import (
             one_gpu_for_the_data_parallel_group,
         )
 
-        if not into.bf16 and not layer.w13_weight.is_meta:
+        # the layer's own, not the plugin's scratch expert (``online.
+        # quantized_tensors``: what the method quantizes to, run while the
+        # layer is built)
+        held = isinstance(layer, RoutedExperts) and not layer.w13_weight.is_meta
+        if not into.bf16 and held:
             into.bf16 = {"w13": _clone(layer.w13_weight), "w2": _clone(layer.w2_weight)}
             into.padding_fill = moe_padding_fill_params(layer)
         with stand_ins.on_cpu(), one_gpu_for_the_data_parallel_group(self.moe):

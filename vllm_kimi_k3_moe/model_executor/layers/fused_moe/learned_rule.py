@@ -21,9 +21,10 @@ A GPU's pad of integer weights (int32-packed) keeps zero scales: a zero code
 is not a zero value there. Where ``create_weights`` cannot be run on a
 scratch module, there is no rule and the chooser keeps vLLM alone's
 partition. An online method (``online.is_online``: it quantizes BF16 weights
-while vLLM loads them) gets none either: its ``create_weights`` allocates the
-BF16 it loads (one element per row: group 1), not the format it quantizes
-to, whose scale blocks, packing and kernel preparation decide its rows.
+while vLLM loads them) is not asked its ``create_weights`` (it allocates the
+BF16 it loads, one element per row: group 1) but what it quantizes to, whose
+scale blocks, packing and kernel preparation decide its rows
+(``online.quantized_rule``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ import math
 from typing import Any
 
 from vllm_kimi_k3_moe.formats.record import PartitionRule
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import (
+    is_online,
+    quantized_rule,
+)
 
 PREFIXES = ("w13_", "w2_")
 
@@ -84,9 +88,9 @@ def _rows_per_element(name: str, rows: int, extent: int) -> int:
 def learned_rule(method: Any, config: Any) -> PartitionRule | None:
     """The rule of ``method`` (built for ``config``, a ``FusedMoEConfig``),
     from the tensors its ``create_weights`` allocates; None where they
-    cannot be had, or ``method`` is online."""
+    cannot be had (an online method: from what it quantizes to)."""
     if is_online(method):
-        return None
+        return quantized_rule(method)
     whole = config.intermediate_size
     try:
         at_whole = _expert_tensors(method, config, whole)

@@ -17,8 +17,10 @@ will get. The trials ask vLLM, in this order:
 2. the smallest partition the method's rule accepts (its format's in the
    registry, else one learned from the method itself: ``learned_rule``) and
    its kernel keeps as it is after its weight preparation, no larger than
-   what vLLM alone's kernel keeps where vLLM alone builds, otherwise no
-   larger than the whole expert: where the even slice splits a scale group
+   what vLLM alone's kernel keeps where vLLM alone builds (than what vLLM
+   alone allocates, for a method quantizing while loading: its rule is
+   learned from what it quantizes to, ``online.quantized_rule``), otherwise
+   no larger than the whole expert: where the even slice splits a scale group
    the GPU holds whole groups instead (``RankLayout.whole_groups``); the
    method built for it must select vLLM alone's kernel;
 3. failing that, vLLM alone's layout exactly; or, where vLLM alone fails and
@@ -168,7 +170,10 @@ def rule_of(method: Any, config: Any) -> PartitionRule | None:
 def _no_rule(method: Any) -> str:
     """Why ``method`` keeps vLLM alone's partition (it has no rule)."""
     if is_online(method):
-        return "quantized while loading (online): vLLM alone's partition"
+        return (
+            "quantized while loading (online), not learned from what it "
+            "quantizes to: vLLM alone's partition"
+        )
     return "no rule for this method: vLLM alone's partition"
 
 
@@ -250,7 +255,8 @@ class LayoutChooser:
         if not reference.built:
             return self._keep(alone, "vLLM alone's error")
         method = reference.method
-        rule = rule_of(method, self.config)
+        with logging_held_back():  # an online method is run to learn its rule
+            rule = rule_of(method, self.config)
         if rule is None:
             return self._keep(alone, _no_rule(method))
         upstream = limit = refused = None
@@ -261,10 +267,15 @@ class LayoutChooser:
                 with logging_held_back():
                     limit = rule.resident(method, upstream)
                 self.upstream_resident = limit
+                if not rule.groups_in_checkpoint:
+                    # quantized while loading: never more than vLLM alone
+                    # allocates (what its kernel pads that to is not shown
+                    # to be what the plugin's allocation prepares to)
+                    limit = upstream
             else:
                 refused = f"its kernel cannot run {upstream} rows ({rule.name})"
         group = rule.row_group(method)
-        whole_groups = self.logical % group != 0
+        whole_groups = rule.groups_in_checkpoint and self.logical % group != 0
         if whole_groups:
             start, step = whole_group_partition(self.logical, group), group
         else:

@@ -62,9 +62,9 @@ How
     is the one the method's constructor leaves (native FP8 pads to whole
     blocks itself). A method without any rule keeps vLLM alone's layout.
     Where vLLM alone fails and no partition builds, vLLM alone's error is
-    raised. An online method has no rule (what its ``create_weights``
-    allocates is the BF16 it loads, not its format): vLLM alone's layout,
-    on vLLM alone's kernel. Then
+    raised. An online method's rule is learned from what it quantizes to
+    (``online.quantized_rule``; its ``create_weights`` allocates the BF16 it
+    loads), never above what vLLM alone allocates. Then
     ``maybe_roundup_sizes`` answers the chosen partition, ``create_weights``
     records in the layer's ``FusedMoEConfig`` the rows the GPU holds (its
     even slice of the checkpoint, where it does not hold whole groups:
