@@ -73,8 +73,9 @@ def main() -> None:
     parser.add_argument("--every-gpu", action="store_true")
     args = parser.parse_args()
 
-    import vllm_kimi_k3_moe
     from vllm.version import __version__
+
+    import vllm_kimi_k3_moe
 
     vllm_kimi_k3_moe.register()
     kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
