@@ -9,6 +9,7 @@ unwritten memory held: no pad read from it). Prints a Markdown table.
 
     python -m benchmarks.in_place_updates               # GPUs 0, n/2-1, n/2, n-1
     python -m benchmarks.in_place_updates --every-gpu   # all of them (slow)
+    python -m benchmarks.in_place_updates --path reload_weights --format mxfp4
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def cell(kimi_model, cases: list[PreparationCase], path: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--every-gpu", action="store_true")
+    parser.add_argument("--path", action="append", help="only these update paths")
+    parser.add_argument("--format", action="append", help="only these configs")
     args = parser.parse_args()
 
     from vllm.version import __version__
@@ -82,10 +85,12 @@ def main() -> None:
     print(f"vLLM {__version__}: vLLM alone / plugin, each update path twice")
     print("| path | format | layout | vLLM alone | plugin |")
     print("|---|---|---|---|---|")
-    for path in _paths_of_this_vllm():
+    for path in args.path or _paths_of_this_vllm():
         os.environ["VLLM_RELOAD_MODE"] = _mode(path)
         layouts = [t for t in LAYOUTS if path != "eplb_recovery" or t.expert_parallel]
         for config, backend in FORMATS:
+            if args.format and config not in args.format:
+                continue
             for layout in layouts:
                 gpus = layout.tp_size * layout.dp_size
                 ranks = range(gpus) if args.every_gpu else ranks_to_update(layout)
