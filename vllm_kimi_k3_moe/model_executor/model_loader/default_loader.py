@@ -35,11 +35,25 @@ Verified against
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Generator
 from types import ModuleType
 from typing import Any
 
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
+
+# What the patch replaces (``vllm_kimi_k3_moe.verification``).
+TARGETS = (
+    "vllm.model_executor.model_loader.default_loader:"
+    "DefaultModelLoader.get_all_weights",
+)
+
+
+def relied_on(find: Callable[[str], Any]) -> str | None:
+    """Upstream's ``get_all_weights`` is a generator (the wrapper is one)."""
+    if not inspect.isgeneratorfunction(find(TARGETS[0])):
+        return f"{TARGETS[0]} is no longer a generator"
+    return None
 
 
 class _LastYielded:

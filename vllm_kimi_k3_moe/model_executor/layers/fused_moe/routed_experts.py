@@ -127,6 +127,13 @@ from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
 
 __all__ = ["PartitionChoice", "apply", "revert", "zero_expert_tensors"]
 
+_ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts"
+# What the patch replaces or relies on (``vllm_kimi_k3_moe.verification``):
+# upstream's __init__ builds the method with _get_quant_method, then asks it
+# maybe_roundup_sizes and create_weights (the two the patch answers).
+TARGETS = (f"{_ROUTED_EXPERTS}.__init__", f"{_ROUTED_EXPERTS}._get_quant_method")
+_CALLED_BY_INIT = ("_get_quant_method", "maybe_roundup_sizes", "create_weights")
+
 logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
 _logged: set[str] = set()
 
@@ -252,3 +259,20 @@ def apply(upstream: ModuleType) -> None:
 def revert(upstream: ModuleType) -> None:
     """Put upstream's own ``_get_quant_method`` back (idempotent)."""
     unwrap_method(upstream.RoutedExperts, "_get_quant_method")
+
+
+def relied_on(find: Callable[[str], Any]) -> str | None:
+    """Upstream ``RoutedExperts.__init__`` still calls what the patch answers."""
+    used = find(TARGETS[0]).__code__.co_names
+    missing = [name for name in _CALLED_BY_INIT if name not in used]
+    if missing:
+        return f"{TARGETS[0]} no longer calls {', '.join(missing)}"
+    return None
+
+
+def in_vllm(find: Callable[[str], Any]) -> str | None:
+    """With vLLM's own ``KimiMoE`` giving the logical size, each method pads
+    for its kernel in vLLM itself: the partition is vLLM's (the same PR)."""
+    from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model
+
+    return model.in_vllm(find)

@@ -79,6 +79,13 @@ from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
 )
 from vllm_kimi_k3_moe.patching import add_subclass_layer, remove_subclass_layer
 
+# What the patch replaces or relies on (``vllm_kimi_k3_moe.verification``):
+# the class it layers (whose __init__ it calls) and the loader it hands on to.
+TARGETS = (
+    "vllm.models.kimi_k3.nvidia.model:KimiMoE.__init__",
+    "vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts.weight_loader",
+)
+
 # Expert parameters: "w13_weight_packed" -> (w13, weight_packed)
 _EXPERT_PARAMETER = re.compile(r"(w13|w2)_(\w+)")
 
