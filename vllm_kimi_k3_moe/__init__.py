@@ -200,10 +200,12 @@ def unregister() -> None:
     global _registered
     remove_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
     remove_after_import(KIMI_K3_NVIDIA_MODEL, _patch_when_imported)
+    applied = _decided[0] if _decided else ()
     for module_name, patch_name in reversed(PATCHES):
         remove_after_import(module_name, _APPLY[patch_name])
         module = sys.modules.get(module_name)
-        if module is not None and patch_name in sys.modules:
+        # only what went on: judging imports every patch module
+        if module is not None and patch_name in applied:
             sys.modules[patch_name].revert(module)
     _warned.clear()
     _decided.clear()
