@@ -8,7 +8,8 @@ vLLM loads its general plugins as every process ``vllm serve`` starts does,
 then imports its Kimi-K3 model (the plugin judges its fixes then). Each
 row of the regression suite's partition table (format, backend) is built at
 TP16 and TP32 at Kimi-K3's size on ``meta``, first as the plugin left vLLM,
-then with the plugin unregistered (vLLM alone: every patch reverted). Where
+then with the plugin unregistered (vLLM alone: every patch reverted), where
+it applied any. Where
 the plugin's padding is on, FP8 block at TP32 runs vLLM's MoE forward on
 every rank, summed against the unsharded experts.
 """
@@ -83,6 +84,7 @@ def main() -> int:
     import vllm_kimi_k3_moe
     from upstream import partition_matrix as matrix
     from upstream import project_helpers as helpers
+    from vllm_kimi_k3_moe.verification.report import report as verification_report
 
     torch.set_num_threads(1)
     lines = Lines()
@@ -101,6 +103,8 @@ def main() -> int:
         "lines": lines.lines,
         "applied": applied,
         "form": matrix.form(model),
+        # what doctor prints on this vLLM (judged again, after the plugin's)
+        "doctor": verification_report(),
     }
     with helpers.moe_kernels_on_their_gpu():
         report["with_plugin"] = builds(model)
@@ -111,8 +115,11 @@ def main() -> int:
                 for k, v in errors.items()
                 if k != "tolerance"
             )
-        vllm_kimi_k3_moe.unregister()
-        report["alone"] = builds(model)
+        if applied:
+            vllm_kimi_k3_moe.unregister()
+            report["alone"] = builds(model)
+        else:  # nothing went on: these were vLLM alone's builds
+            report["alone"] = report["with_plugin"]
     print(json.dumps(report))
     return 0
 

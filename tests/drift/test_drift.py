@@ -29,7 +29,8 @@ PARTITION = f"{PATCH}model_executor.layers.fused_moe.routed_experts"
 STRICT = f"{PATCH}model_executor.layers.fused_moe.strict_expert_loading"
 LOADER = f"{PATCH}model_executor.model_loader.default_loader"
 INT_WNA16 = f"{PATCH}model_executor.layers.fused_moe.oracle.int_wna16"
-EVERY_FIX = sorted([MODEL, PARTITION, STRICT, LOADER, INT_WNA16])
+EVERY_FIX_IN_ORDER = [MODEL, PARTITION, STRICT, LOADER, INT_WNA16]  # PATCHES'
+EVERY_FIX = sorted(EVERY_FIX_IN_ORDER)
 
 # drift -> (fixes applied, the one line's level, words the line holds)
 EXPECTED = {
@@ -86,6 +87,13 @@ def test_the_plugin_on_a_drifted_vllm(drift: Drift, tmp_path: Path) -> None:
     assert line[0] == level
     for word in words:
         assert word in line[1], line[1]
+    # doctor's verdict is the plugin's, fix by fix
+    doctor = report["doctor"]
+    assert doctor["line"] == line[1]
+    on = [fix.split(":")[0].split()[-1] for fix in doctor["fixes"] if fix[:3] == "on "]
+    assert on == [
+        patch.rsplit(".", 1)[-1] for patch in EVERY_FIX_IN_ORDER if patch in applied
+    ]
 
     with_plugin, alone = report["with_plugin"], report["alone"]
     for case, partition in alone.items():
