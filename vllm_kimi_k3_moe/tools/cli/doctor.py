@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -247,7 +248,8 @@ def fix_by_fix() -> tuple[list[str], str | None]:
         f"{'fixes' if i == 0 else '':13}{fix}" for i, fix in enumerate(report["fixes"])
     ]
     if report["line"] is not None and not report["nothing_patched"]:
-        lines.append(f"{INDENT}server logs: {report['line']}")
+        said = textwrap.wrap(f"server logs: {report['line']}", 120 - len(INDENT))
+        lines += [INDENT + part for part in said]
     return lines, report["line"] if report["nothing_patched"] else None
 
 
