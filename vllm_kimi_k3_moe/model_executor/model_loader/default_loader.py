@@ -25,8 +25,8 @@ Related PR
     None upstream: vLLM's loaders do not pass the checkpoint key along.
 Delete when
     With the strict expert loader, or when vLLM's weight loaders receive the
-    checkpoint key (re-check at every vLLM bump; the plugin refuses anything
-    but vLLM 0.33.x and 0.34.x).
+    checkpoint key (re-check at every vLLM bump; on other vLLM code the
+    plugin checks ``TARGETS`` first: ``vllm_kimi_k3_moe.verification``).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each.

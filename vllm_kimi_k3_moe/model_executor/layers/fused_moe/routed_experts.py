@@ -88,10 +88,10 @@ Related PR
 Delete when
     Together with the model patch, once every method Kimi-K3 is published for
     pads for its own kernel, for the layer's real shard count, in the vLLM
-    release that ships that PR (the plugin refuses anything but vLLM 0.33.x
-    and 0.34.x); the online part needs that release's ``KimiMoE`` to record
-    the rows over TP x DP and its layerwise loader to zero what it
-    materialises (0.34's does).
+    release that ships that PR (``in_vllm`` detects it, with the model
+    patch's check: the plugin then leaves this fix off); the online part
+    needs that release's ``KimiMoE`` to record the rows over TP x DP and its
+    layerwise loader to zero what it materialises (0.34's does).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each (the online paths:

@@ -48,8 +48,8 @@ Related PR
     silently wrong expert costly to find.
 Delete when
     vLLM's ``RoutedExperts.weight_loader`` validates expert shapes and
-    completeness itself; re-check at every vLLM bump (the plugin refuses
-    anything but vLLM 0.33.x and 0.34.x).
+    completeness itself; re-check at every vLLM bump (on other vLLM code the
+    plugin checks ``TARGETS`` first: ``vllm_kimi_k3_moe.verification``).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each.

@@ -36,9 +36,10 @@ Related PR
     the selected quantization backend" (builds on #51131, overlaps #50928).
 Delete when
     vLLM ships that PR: the first release whose NVIDIA ``KimiMoE`` passes
-    ``moe_intermediate_size`` to ``FusedMoEFactory``. Until then the plugin
-    refuses any vLLM other than 0.33.x and 0.34.x (see
-    ``vllm_kimi_k3_moe.compat``).
+    ``moe_intermediate_size`` to ``FusedMoEFactory``. On that vLLM
+    ``in_vllm`` sees it and the plugin leaves this fix off; on any other
+    vLLM code it checks ``TARGETS`` before patching
+    (``vllm_kimi_k3_moe.verification``).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each.

@@ -34,8 +34,8 @@ Related PR
     TP16 x DP2 (0.34.0 still permutes w13's scales for its rows).
 Delete when
     With the model patch, in the vLLM release whose Marlin preparation
-    permutes w13's scales for the expert width (the plugin refuses anything
-    but vLLM 0.33.x and 0.34.x).
+    permutes w13's scales for the expert width (``in_vllm`` detects it: the
+    plugin then leaves this fix off).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each.
