@@ -73,7 +73,11 @@ def judge(patch: str) -> FixVerdict:
         return verdict(DIFFERS, f"source unreadable: {unreadable}")
     same = [r for r, code in recorded.items() if code["digest"] == digest]
     if same:
-        return verdict(VERIFIED, f"the code of vLLM {same[-1]}")
+        # the release this vLLM calls itself where its code is that one's
+        from vllm.version import __version__
+
+        named = __version__ if __version__ in same else same[-1]
+        return verdict(VERIFIED, f"the code of vLLM {named}")
     for index, target in enumerate(declared):
         found = upstream.signature(target)
         known = {_at(code["signatures"], index) for code in recorded.values()}
