@@ -75,7 +75,7 @@ def patched_copy(patch: Path, root: Path, source: Path | None = None) -> Patched
     source = (source or installed_vllm_parent()).resolve()
     root.mkdir(parents=True, exist_ok=True)
     touched = patch_paths(patch, root)
-    _mirror(source, root, [p for p in touched if p.split("/")[0] == PACKAGE])
+    mirror(source, root, [p for p in touched if p.split("/")[0] == PACKAGE])
     _check_real_files(root, touched)
     version = vllm_version(source)
     check = _git_run("apply", "--check", str(patch), cwd=root)
@@ -86,7 +86,7 @@ def patched_copy(patch: Path, root: Path, source: Path | None = None) -> Patched
     return PatchedCopy(root, source, version, touched)
 
 
-def _mirror(source: Path, root: Path, paths: list[str]) -> None:
+def mirror(source: Path, root: Path, paths: list[str]) -> None:
     """Real directories along ``paths``, real copies of the files at them,
     links for every other entry of those directories."""
     real_dirs: set[Path] = set()

@@ -46,7 +46,12 @@ ledger entry; each applies and reverts on its own):
     patch.
 
 Every patch was verified against vLLM 0.33.0 and 0.34.0 (``compat``: the one
-place the two releases differ for the plugin and its tools).
+place the two releases differ for the plugin and its tools). Each declares
+the upstream objects it touches (``TARGETS``); on any vLLM, before the first
+patch goes on, ``verification`` judges every one of them: all that are
+verified or checked go on (one line says so where the code or the version is
+not a verified release's), those vLLM already has stay off, and if any
+differs nothing is patched and one warning names what.
 
 The offline tools (``vllm_kimi_k3_moe.tools``) are never imported by a
 serving process; their temporary stand-ins for vLLM internals have their own
@@ -81,7 +86,7 @@ import logging
 import sys
 from types import ModuleType
 
-from vllm_kimi_k3_moe.compat import kimi_k3_platform_refusal, vllm_version_refusal
+from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES, kimi_k3_platform_refusal
 from vllm_kimi_k3_moe.import_hooks import call_after_import, remove_after_import
 
 __all__ = ["register", "unregister"]
@@ -111,6 +116,7 @@ PATCHES: tuple[tuple[str, str], ...] = (
 
 _registered = False
 _warned: set[str] = set()
+_decided: list[tuple[str, ...]] = []  # this process's patches to apply, once
 
 
 def _warn_once(message: str) -> None:
@@ -140,14 +146,44 @@ class _ApplyPatch:
 _APPLY = {patch: _ApplyPatch(patch) for _, patch in PATCHES}
 
 
+def _verified_patches() -> tuple[str, ...]:
+    """The patches to apply on this vLLM, judged once per process before any
+    is applied (``verification``), its one line logged; never raises."""
+    if not _decided:
+        try:
+            from vllm.version import __version__
+
+            from vllm_kimi_k3_moe.verification import verdict
+
+            verdicts = verdict.judge_all([patch for _, patch in PATCHES])
+            plain = __version__ in VERIFIED_VLLM_RELEASES
+            decision = verdict.decide(verdicts, __version__, plain)
+            apply, warning, line = decision.apply, decision.warning, decision.line
+        except Exception as error:  # a difference must never stop vLLM
+            apply, warning = (), True
+            line = (
+                "vllm-kimi-k3-moe: nothing patched, this vLLM could not be "
+                f"checked ({type(error).__name__}: {error})".replace("\n", " ")
+            )
+        if line is not None and warning:
+            _warn_once(line)
+        elif line is not None:
+            logger.info(line)
+        _decided.append(apply)
+    return _decided[0]
+
+
 def _patch_when_imported(_nvidia_model: ModuleType) -> None:
-    """vLLM imported its Kimi-K3 NVIDIA model: apply every patch, each as
-    soon as the module it patches is imported (the model module imports
-    vLLM's fused MoE package and model loaders: these apply now)."""
+    """vLLM imported its Kimi-K3 NVIDIA model: judge every patch on this vLLM,
+    then apply those that go on, each as soon as the module it patches is
+    imported (the model module imports vLLM's fused MoE package and model
+    loaders: these apply now)."""
     if _warned_platform_refusal():
         return
+    apply = _verified_patches()
     for module, patch in PATCHES:
-        call_after_import(module, _APPLY[patch])
+        if patch in apply:
+            call_after_import(module, _APPLY[patch])
 
 
 def register() -> None:
@@ -156,11 +192,6 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-
-    refusal = vllm_version_refusal()
-    if refusal is not None:
-        _warn_once(refusal)
-        return
     # The package hook reports platforms that never import the NVIDIA model.
     call_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
     call_after_import(KIMI_K3_NVIDIA_MODEL, _patch_when_imported)
@@ -173,10 +204,13 @@ def unregister() -> None:
     global _registered
     remove_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
     remove_after_import(KIMI_K3_NVIDIA_MODEL, _patch_when_imported)
+    applied = _decided[0] if _decided else ()
     for module_name, patch_name in reversed(PATCHES):
         remove_after_import(module_name, _APPLY[patch_name])
         module = sys.modules.get(module_name)
-        if module is not None and patch_name in sys.modules:
+        # only what went on: judging imports every patch module
+        if module is not None and patch_name in applied:
             sys.modules[patch_name].revert(module)
     _warned.clear()
+    _decided.clear()
     _registered = False

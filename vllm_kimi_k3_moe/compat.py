@@ -18,10 +18,12 @@ from importlib import metadata
 from importlib.util import find_spec
 from typing import Any
 
-# The one place the supported vLLM releases are named. The patches rewrite
-# private construction details of the releases they were written and verified
-# against; the plugin accepts their series (major.minor), which
-# pyproject.toml's vllm requirement admits exactly (a test ties the two).
+# The one place the verified vLLM releases are named: the current release and
+# the previous one. The patches rewrite private construction details of the
+# releases they were written and verified against; on any other vLLM (a later
+# release, a nightly, a fork) the plugin judges each patch on that vLLM's code
+# before it applies any (``vllm_kimi_k3_moe.verification``), so pyproject.toml's
+# vllm requirement admits these and every later release (a test ties the two).
 VERIFIED_VLLM_RELEASES = ("0.33.0", "0.34.0")
 SUPPORTED_VLLM_SERIES = tuple(
     tuple(int(n) for n in release.split(".")[:2]) for release in VERIFIED_VLLM_RELEASES
@@ -61,20 +63,6 @@ def __getattr__(name: str) -> str:
 def supported_vllm_series() -> str:
     """``SUPPORTED_VLLM_SERIES`` as users write it: ``0.33.x or 0.34.x``."""
     return " or ".join(".".join(map(str, s)) + ".x" for s in SUPPORTED_VLLM_SERIES)
-
-
-def vllm_version_refusal() -> str | None:
-    from vllm.version import __version__, __version_tuple__
-
-    if tuple(__version_tuple__[:2]) in SUPPORTED_VLLM_SERIES:
-        return None
-    return (
-        f"vllm-kimi-k3-moe supports vLLM {supported_vllm_series()} only, "
-        f"found vLLM {__version__}; "
-        "Kimi-K3 MoE padding is left as upstream (nothing patched). Install a "
-        "vllm-kimi-k3-moe release made for this vLLM, or uninstall it if this vLLM "
-        "already lets the quantization backend own the padding."
-    )
 
 
 def kimi_k3_platform_refusal() -> str | None:

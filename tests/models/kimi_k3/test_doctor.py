@@ -126,3 +126,22 @@ def test_doctor_alone_answers_as_with_vllm_imported(plugins) -> None:
     ).stdout.splitlines()
     assert alone[-1] == "compiler not imported"
     assert alone[:-1] == doctor.diagnose(environment(plugins)).lines
+
+
+def test_doctor_gives_each_fix_its_verdict() -> None:
+    """Fix by fix, what the plugin will do on the installed vLLM (a verified
+    release: each fix on, by its code); ``tests/drift`` holds it to the
+    plugin's decision on drifted vLLMs."""
+    import importlib.metadata
+
+    import vllm_kimi_k3_moe
+
+    installed = importlib.metadata.version("vllm")
+    lines = doctor.diagnose(environment(UNSET)).lines
+    fixes = [
+        line[13:] for line in lines if line.startswith(("fixes ", " " * 13 + "on"))
+    ]
+    names = [patch.rsplit(".", 1)[-1] for _, patch in vllm_kimi_k3_moe.PATCHES]
+    assert fixes == [
+        f"on  {name}: verified, the code of vLLM {installed}" for name in names
+    ]

@@ -1,5 +1,6 @@
-"""The plugin registers through vLLM's entry point, cheaply, once, only on 0.33.x
-and NVIDIA, and the Kimi-K3 layers vLLM builds afterwards carry the fix."""
+"""The plugin registers through vLLM's entry point, cheaply, once, only on
+NVIDIA and on vLLM code it verified, and the Kimi-K3 layers vLLM builds
+afterwards carry the fix."""
 
 from __future__ import annotations
 
@@ -170,22 +171,46 @@ def test_unregister_puts_upstream_back(kimi_model, fresh_registration):
     assert not hasattr(get_quant_method, "kimi_k3_wraps")
 
 
-def test_unsupported_vllm_version_is_refused(
+def test_another_version_with_verified_code_is_patched(
     kimi_model, fresh_registration, monkeypatch
 ):
+    """The version string alone decides nothing: verified code calling itself
+    0.35.0 is patched, and one line says it was verified on this vLLM."""
     import vllm.version
 
     monkeypatch.setattr(vllm.version, "__version__", "0.35.0")
     monkeypatch.setattr(vllm.version, "__version_tuple__", (0, 35, 0))
+    fresh_registration.set_level(logging.INFO, logger=vllm_kimi_k3_moe.logger.name)
     vllm_kimi_k3_moe.register()
     vllm_kimi_k3_moe.register()
 
+    assert issubclass(kimi_model.KimiMoE, BackendPaddedKimiMoE)
+    (record,) = [r for r in fresh_registration.records if "verified" in r.message]
+    assert record.levelno == logging.INFO
+    assert "verified on this vLLM (0.35.0)" in record.getMessage()
+    assert [r for r in fresh_registration.records if r.levelno >= logging.WARNING] == []
+
+
+def test_code_that_differs_patches_nothing_in_one_warning(
+    kimi_model, fresh_registration, monkeypatch
+):
+    """One target gone (a private method renamed in a nightly): no patch goes
+    on, not even those whose code is the same; one warning names it."""
+    from vllm.model_executor.layers.fused_moe import routed_experts
+
+    own = routed_experts.RoutedExperts.__dict__["_get_quant_method"]
+    monkeypatch.delattr(routed_experts.RoutedExperts, "_get_quant_method")
+    monkeypatch.setattr(
+        routed_experts.RoutedExperts, "_build_quant_method", own, raising=False
+    )
+    vllm_kimi_k3_moe.register()
+
     assert kimi_model.KimiMoE is upstream_class(kimi_model.KimiMoE)
-    assert import_hooks.watched_modules() == frozenset()
     (record,) = fresh_registration.records
     assert record.levelno == logging.WARNING
     message = record.getMessage()
-    assert "0.35.0" in message and "0.33.x or 0.34.x" in message
+    assert "nothing patched" in message and "\n" not in message
+    assert "RoutedExperts._get_quant_method" in message
 
 
 def test_rocm_is_refused(kimi_model, fresh_registration, monkeypatch):

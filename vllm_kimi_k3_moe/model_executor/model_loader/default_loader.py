@@ -25,8 +25,8 @@ Related PR
     None upstream: vLLM's loaders do not pass the checkpoint key along.
 Delete when
     With the strict expert loader, or when vLLM's weight loaders receive the
-    checkpoint key (re-check at every vLLM bump; the plugin refuses anything
-    but vLLM 0.33.x and 0.34.x).
+    checkpoint key (re-check at every vLLM bump; on other vLLM code the
+    plugin checks ``TARGETS`` first: ``vllm_kimi_k3_moe.verification``).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each.
@@ -35,11 +35,25 @@ Verified against
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Generator
 from types import ModuleType
 from typing import Any
 
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
+
+# What the patch replaces (``vllm_kimi_k3_moe.verification``).
+TARGETS = (
+    "vllm.model_executor.model_loader.default_loader:"
+    "DefaultModelLoader.get_all_weights",
+)
+
+
+def relied_on(find: Callable[[str], Any]) -> str | None:
+    """Upstream's ``get_all_weights`` is a generator (the wrapper is one)."""
+    if not inspect.isgeneratorfunction(find(TARGETS[0])):
+        return f"{TARGETS[0]} is no longer a generator"
+    return None
 
 
 class _LastYielded:

@@ -16,17 +16,20 @@ compiler is not imported), and not its model.
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
+import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import (
     kimi_k3_platform_refusal,
     supported_vllm_series,
-    vllm_version_refusal,
 )
 from vllm_kimi_k3_moe.tools.build.stand_ins import (
     vllm_without_its_package_initialiser,
@@ -182,6 +185,10 @@ def _asked_vllm(
         return Diagnosis(
             False, [*lines, f"patches      none: {refusal}", "OFF          " + refusal]
         )
+    fixes, nothing_patched = fix_by_fix()
+    lines += fixes
+    if nothing_patched is not None:
+        return Diagnosis(False, [*lines, "OFF          " + nothing_patched])
     lines += [
         "server log   each vLLM process that builds Kimi-K3 logs, once per MoE "
         "quantization method:",
@@ -204,11 +211,46 @@ def _asked_vllm(
 
 
 def _refusal() -> str | None:
-    """What the plugin logs instead of patching: another vLLM series
-    (``register``), a platform that does not run the NVIDIA Kimi-K3 model
-    (when vLLM imports it)."""
+    """What the plugin logs instead of patching: a platform that does not run
+    the NVIDIA Kimi-K3 model (when vLLM imports it)."""
     with quiet_vllm():
-        return vllm_version_refusal() or kimi_k3_platform_refusal()
+        return kimi_k3_platform_refusal()
+
+
+# --- The fixes' verdict on this vLLM (``vllm_kimi_k3_moe.verification``) ----
+
+
+@functools.cache
+def _fix_report() -> dict[str, Any]:
+    """``verification.report`` in a child process: it imports the vLLM
+    modules the patches touch (vLLM's Kimi-K3 model, ~20 s), which doctor's
+    own process does not."""
+    child = subprocess.run(
+        [sys.executable, "-m", "vllm_kimi_k3_moe.verification.report"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if child.returncode != 0:
+        tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"fixes": [], "line": f"could not be checked: {tail}", "failed": 1}
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def fix_by_fix() -> tuple[list[str], str | None]:
+    """The plugin's verdict on each fix for the installed vLLM, as the server
+    will decide it (the lines), and the warning it will log where nothing is
+    patched (else None)."""
+    report = _fix_report()
+    if report.get("failed"):
+        return [f"fixes        {report['line']}"], report["line"]
+    lines = [
+        f"{'fixes' if i == 0 else '':13}{fix}" for i, fix in enumerate(report["fixes"])
+    ]
+    if report["line"] is not None and not report["nothing_patched"]:
+        said = textwrap.wrap(f"server logs: {report['line']}", 120 - len(INDENT))
+        lines += [INDENT + part for part in said]
+    return lines, report["line"] if report["nothing_patched"] else None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -92,11 +92,12 @@ Related PR
 Delete when
     Together with the model patch, once every method Kimi-K3 is published for
     pads for its own kernel, for the layer's real shard count, in the vLLM
-    release that ships that PR (the plugin refuses anything but vLLM 0.33.x
-    and 0.34.x); the online part needs that release's ``KimiMoE`` to record
-    the rows over TP x DP and its layerwise loader to zero what it
-    materialises (0.34's does; so does the zeroing of tensors materialised
-    for an in-place update, ``fresh_tensors``).
+    release that ships that PR (``in_vllm`` detects it, with the model
+    patch's check: the plugin then leaves this fix off); the online part
+    needs that release's ``KimiMoE`` to record the rows over TP x DP and its
+    layerwise loader to zero what it materialises (0.34's does; so does the
+    zeroing of tensors materialised for an in-place update,
+    ``fresh_tensors``).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each (the online paths:
@@ -135,6 +136,21 @@ from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
 
 __all__ = ["PartitionChoice", "apply", "revert", "zero_expert_tensors"]
+
+_ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts"
+# What the patch replaces or relies on (``vllm_kimi_k3_moe.verification``):
+# upstream's __init__ builds the method with _get_quant_method, then asks it
+# maybe_roundup_sizes and create_weights (the two the patch answers); and,
+# for ``fresh_tensors``, how vLLM's reload copies a parameter to ``meta`` and
+# materialises it (carrying its attributes: its weight_loader).
+_RELOAD_META = "vllm.model_executor.model_loader.reload.meta"
+TARGETS = (
+    f"{_ROUTED_EXPERTS}.__init__",
+    f"{_ROUTED_EXPERTS}._get_quant_method",
+    f"{_RELOAD_META}:to_meta_tensor",
+    f"{_RELOAD_META}:materialize_meta_tensor",
+)
+_CALLED_BY_INIT = ("_get_quant_method", "maybe_roundup_sizes", "create_weights")
 
 logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
 _logged: set[str] = set()
@@ -261,3 +277,20 @@ def apply(upstream: ModuleType) -> None:
 def revert(upstream: ModuleType) -> None:
     """Put upstream's own ``_get_quant_method`` back (idempotent)."""
     unwrap_method(upstream.RoutedExperts, "_get_quant_method")
+
+
+def relied_on(find: Callable[[str], Any]) -> str | None:
+    """Upstream ``RoutedExperts.__init__`` still calls what the patch answers."""
+    used = find(TARGETS[0]).__code__.co_names
+    missing = [name for name in _CALLED_BY_INIT if name not in used]
+    if missing:
+        return f"{TARGETS[0]} no longer calls {', '.join(missing)}"
+    return None
+
+
+def in_vllm(find: Callable[[str], Any]) -> str | None:
+    """With vLLM's own ``KimiMoE`` giving the logical size, each method pads
+    for its kernel in vLLM itself: the partition is vLLM's (the same PR)."""
+    from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model
+
+    return model.in_vllm(find)

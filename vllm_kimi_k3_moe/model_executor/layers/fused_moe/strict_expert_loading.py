@@ -55,8 +55,8 @@ Related PR
     silently wrong expert costly to find.
 Delete when
     vLLM's ``RoutedExperts.weight_loader`` validates expert shapes and
-    completeness itself; re-check at every vLLM bump (the plugin refuses
-    anything but vLLM 0.33.x and 0.34.x).
+    completeness itself; re-check at every vLLM bump (on other vLLM code the
+    plugin checks ``TARGETS`` first: ``vllm_kimi_k3_moe.verification``).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each.
@@ -85,6 +85,16 @@ from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
     checkpoint_key_of,
 )
 from vllm_kimi_k3_moe.patching import add_subclass_layer, remove_subclass_layer
+
+# What the patch replaces or relies on (``vllm_kimi_k3_moe.verification``):
+# the class it layers (whose __init__ it calls), the loader it hands on to,
+# and the layerwise reload's counting pass on ``meta`` (which it leaves out
+# of its ledger).
+TARGETS = (
+    "vllm.models.kimi_k3.nvidia.model:KimiMoE.__init__",
+    "vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts.weight_loader",
+    "vllm.model_executor.model_loader.reload.meta:get_numel_loaded",
+)
 
 # Expert parameters: "w13_weight_packed" -> (w13, weight_packed)
 _EXPERT_PARAMETER = re.compile(r"(w13|w2)_(\w+)")

@@ -36,9 +36,10 @@ Related PR
     the selected quantization backend" (builds on #51131, overlaps #50928).
 Delete when
     vLLM ships that PR: the first release whose NVIDIA ``KimiMoE`` passes
-    ``moe_intermediate_size`` to ``FusedMoEFactory``. Until then the plugin
-    refuses any vLLM other than 0.33.x and 0.34.x (see
-    ``vllm_kimi_k3_moe.compat``).
+    ``moe_intermediate_size`` to ``FusedMoEFactory``. On that vLLM
+    ``in_vllm`` sees it and the plugin leaves this fix off; on any other
+    vLLM code it checks ``TARGETS`` before patching
+    (``vllm_kimi_k3_moe.verification``).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each.
@@ -47,11 +48,17 @@ Verified against
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from vllm_kimi_k3_moe.patching import add_subclass_layer, remove_subclass_layer
+
+KIMI_MOE_INIT = "vllm.models.kimi_k3.nvidia.model:KimiMoE.__init__"
+# What the patch replaces or relies on (``vllm_kimi_k3_moe.verification``).
+TARGETS = (KIMI_MOE_INIT,)
+PADDED = "padded_moe_intermediate_size"
 
 
 @dataclass
@@ -113,3 +120,22 @@ def apply(upstream: ModuleType) -> None:
 def revert(upstream: ModuleType) -> None:
     """Take the patch out of upstream's ``KimiMoE`` (idempotent)."""
     remove_subclass_layer(upstream, "KimiMoE", BackendPaddedKimiMoE)
+
+
+def relied_on(find: Callable[[str], Any]) -> str | None:
+    """Upstream ``KimiMoE.__init__`` sets and reads ``padded_moe_intermediate_size``
+    (the attribute the patch answers as a property)."""
+    if PADDED not in find(KIMI_MOE_INIT).__code__.co_names:
+        return f"{KIMI_MOE_INIT} no longer uses {PADDED}"
+    return None
+
+
+def in_vllm(find: Callable[[str], Any]) -> str | None:
+    """vLLM's own ``KimiMoE`` hands its regular ``FusedMoEFactory`` another
+    size than the model-level padded one: the upstream fix."""
+    from vllm_kimi_k3_moe.verification.targets import keyword_arguments
+
+    given = keyword_arguments(KIMI_MOE_INIT, "FusedMoEFactory", "intermediate_size")
+    if given and all(PADDED not in g for g in given):
+        return f"KimiMoE gives FusedMoEFactory intermediate_size={given[0]}"
+    return None

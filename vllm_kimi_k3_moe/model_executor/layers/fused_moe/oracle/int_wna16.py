@@ -34,8 +34,8 @@ Related PR
     TP16 x DP2 (0.34.0 still permutes w13's scales for its rows).
 Delete when
     With the model patch, in the vLLM release whose Marlin preparation
-    permutes w13's scales for the expert width (the plugin refuses anything
-    but vLLM 0.33.x and 0.34.x).
+    permutes w13's scales for the expert width (``in_vllm`` detects it: the
+    plugin then leaves this fix off).
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each.
@@ -51,6 +51,30 @@ from typing import Any
 from vllm_kimi_k3_moe.patching import replaced_attributes, unwrap_method, wrap_method
 
 PREPARATIONS = ("_process_weights_marlin", "_process_awq_weights_marlin")
+_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
+PERMUTE = "marlin_moe_permute_scales"
+# What the patch replaces or relies on (``vllm_kimi_k3_moe.verification``).
+TARGETS = tuple(f"{_ORACLE}:{name}" for name in PREPARATIONS)
+W13_SIZE_K = "layer.intermediate_size_per_partition"  # upstream's, for w13
+
+
+def relied_on(find: Callable[[str], Any]) -> str | None:
+    """Each preparation looks ``marlin_moe_permute_scales`` up in its module
+    when it runs (what the patch replaces for the call)."""
+    for target in TARGETS:
+        if PERMUTE not in find(target).__code__.co_names:
+            return f"{target} no longer calls {PERMUTE}"
+    return None
+
+
+def in_vllm(find: Callable[[str], Any]) -> str | None:
+    """vLLM's own preparations permute w13's scales for the expert width."""
+    from vllm_kimi_k3_moe.verification.targets import keyword_arguments
+
+    firsts = [keyword_arguments(t, PERMUTE, "size_k")[:1] for t in TARGETS]
+    if all(first and first[0] != W13_SIZE_K for first in firsts):
+        return f"w13's scales are permuted with size_k={firsts[0][0]}"
+    return None
 
 
 def is_kimi_k3_routed_experts(layer: Any) -> bool:

@@ -1,0 +1,32 @@
+"""Verify, then patch, all or nothing: which of the plugin's fixes go on in
+this vLLM, decided before any of them changes anything.
+
+Every patch module (``vllm_kimi_k3_moe.PATCHES``) declares, as data, the
+upstream objects it replaces or relies on::
+
+    TARGETS = ("vllm.some.module:Class.method", ...)
+
+and may define two checks, each given ``find`` (target -> upstream object):
+
+``relied_on(find) -> str | None``
+    What differs from what the patch relies on in those objects' code (a
+    method it calls looked up by name, an argument it rewrites), ``None``
+    where all of it is there.
+``in_vllm(find) -> str | None``
+    Where vLLM's own code already does what the patch does: the sentence
+    that says so (the patch is then not applied), else ``None``.
+
+A patch added later is covered by declaring its ``TARGETS`` (a test fails
+until ``python -m vllm_kimi_k3_moe.verification.record`` has recorded its
+code on every verified release). How a fix is judged (``verdict``):
+
+1. Its targets' source (``targets.digest``) is the code recorded on a
+   verified release (``verified_code``): verified, whatever the version
+   string says (a new release, a nightly or a fork with that code).
+2. Otherwise it is checked on this vLLM: every target is there with the
+   signature it had on a verified release, and ``relied_on`` finds nothing
+   missing; ``in_vllm`` then says whether vLLM already has the fix.
+
+One fix that differs and nothing is patched: vLLM runs as it would alone,
+and one warning line names what differed.
+"""

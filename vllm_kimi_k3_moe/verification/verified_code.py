@@ -1,0 +1,65 @@
+"""The code of each fix's targets on each verified vLLM release, as
+``record`` wrote it (``python -m vllm_kimi_k3_moe.verification.record`` on
+each release): release -> patch module -> the digest of its targets' source
+and a digest of each target's signature, in ``TARGETS`` order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+VERIFIED_CODE: dict[str, dict[str, Any]] = {
+    "0.33.0": {
+        "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model": {
+            "digest": "cd367579132d5372",
+            "signatures": ["2a164d62fdbb"],
+        },
+        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts": {
+            "digest": "34c3d50b89b79cf9",
+            "signatures": [
+                "d4372379640c",
+                "9b967bfa7e73",
+                "a0b6002e8819",
+                "727ea2519f98",
+            ],
+        },
+        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
+            "digest": "efd408ba8e81ddcb",
+            "signatures": ["2a164d62fdbb", "412e4ca687f1", "7ea6aa402c6f"],
+        },
+        "vllm_kimi_k3_moe.model_executor.model_loader.default_loader": {
+            "digest": "5782d6fec92d85b3",
+            "signatures": ["accc0b8dd83e"],
+        },
+        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.oracle.int_wna16": {
+            "digest": "3bb3fb614da2e9ae",
+            "signatures": ["913399dd8463", "0d8da78193bb"],
+        },
+    },
+    "0.34.0": {
+        "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model": {
+            "digest": "c8a20471040fb007",
+            "signatures": ["2a164d62fdbb"],
+        },
+        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts": {
+            "digest": "56ff4f3c3836e006",
+            "signatures": [
+                "d4372379640c",
+                "9b967bfa7e73",
+                "a0b6002e8819",
+                "727ea2519f98",
+            ],
+        },
+        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
+            "digest": "dc59062c931d158a",
+            "signatures": ["2a164d62fdbb", "412e4ca687f1", "7ea6aa402c6f"],
+        },
+        "vllm_kimi_k3_moe.model_executor.model_loader.default_loader": {
+            "digest": "5782d6fec92d85b3",
+            "signatures": ["accc0b8dd83e"],
+        },
+        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.oracle.int_wna16": {
+            "digest": "9e3896fe14177de4",
+            "signatures": ["1ddb4d4760ae", "ff836ff07992"],
+        },
+    },
+}
