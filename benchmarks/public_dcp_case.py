@@ -31,10 +31,10 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.build import stand_ins
 from vllm_kimi_k3_moe.tools.cli.common import no_background_kernel_builds, quiet_vllm
 from vllm_kimi_k3_moe.tools.gpu_budget import GIB, GpuBudget
 from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.meta_rank import stand_ins
 from vllm_kimi_k3_moe.tools.plan.planner import Planner
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 
 from vllm_kimi_k3_moe.formats import mxfp4
-from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
-from vllm_kimi_k3_moe.tools.build.vllm_config import parallel_config, write_model_dir
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_cuda_platform_for_the_parser
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
+    parallel_config,
+    write_model_dir,
+)
 from vllm_kimi_k3_moe.tools.nodes import HEAD, node_split, split_over
 from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
@@ -194,7 +197,7 @@ def test_the_lines_carry_the_speculative_config_vllm_takes(engine_config, tmp_pa
     """With ``--speculative-config`` every node's line carries it, and vLLM
     makes the DSpark draft's config from it (the kept public draft's
     ``config.json``, in a local directory as an operator's copy)."""
-    from vllm_kimi_k3_moe.tools.build.draft import write_draft_dir
+    from vllm_kimi_k3_moe.tools.meta_rank.draft import write_draft_dir
     from vllm_kimi_k3_moe.tools.speculation import read_speculative_config
 
     model, make = engine_config

@@ -1,7 +1,7 @@
 """``--speculative-config``: the draft a Kimi-K3 deployment speculates with.
 
 ``plan`` takes vLLM's ``--speculative-config`` JSON as ``vllm serve`` does
-and sizes what the draft adds: vLLM builds it (``tools/build/draft.py``)
+and sizes what the draft adds: vLLM builds it (``tools/meta_rank/draft.py``)
 from its ``config.json``. Before vLLM is imported this refuses, in one line,
 what cannot be sized: JSON that is not an object, a method ``plan`` does not
 size (DSpark and Kimi-K3's MTP are), a DSpark spec without its draft, a

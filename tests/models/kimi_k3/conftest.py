@@ -32,12 +32,12 @@ from tests.models.kimi_k3.gpu_stand_ins import (
 )
 from tests.models.kimi_k3.kimi_k3_formats import format_model_dir, format_vllm_config
 from vllm_kimi_k3_moe.patching import upstream_class
-from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     CudaStreamStandIn,
     moe_kernels_on_their_gpu,
 )
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 from vllm_kimi_k3_moe.tools.selftest.layer import build_moe_layers
 from vllm_kimi_k3_moe.tools.topology import Topology
 

@@ -11,9 +11,12 @@ import pytest
 
 from tests.models.kimi_k3.gpu_stand_ins import a_cuda_node
 from vllm_kimi_k3_moe.formats import FORMATS
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
 from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
 from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
+    rank_vllm_config,
+    write_model_dir,
+)
 from vllm_kimi_k3_moe.tools.plan.planner import Planner
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, Topology, layouts

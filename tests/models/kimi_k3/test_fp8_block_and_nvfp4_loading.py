@@ -18,7 +18,7 @@ from tests.models.kimi_k3.traced_checkpoint import (
     load_and_decode,
     nvfp4_tensors,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.topology import Topology
 
 TP_SIZE = 32

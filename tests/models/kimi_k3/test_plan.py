@@ -507,7 +507,9 @@ def vllm_serve_parser():
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
+        a_cuda_platform_for_the_parser,
+    )
 
     with a_cuda_platform_for_the_parser():
         return EngineArgs.add_cli_args(FlexibleArgumentParser())
@@ -626,7 +628,7 @@ def test_planning_leaves_vllms_kernel_checks_as_they_were(kimi_model):
     )
     from vllm.model_executor.layers.quantization import mxfp4
 
-    from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
         compressed_tensors_mxfp4_kernel,
     )
 

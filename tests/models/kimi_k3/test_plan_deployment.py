@@ -167,10 +167,10 @@ def test_every_format_gets_its_vllm_method(kimi_model):
     from pathlib import Path
 
     from vllm_kimi_k3_moe.formats import FORMATS, format_of_method
-    from vllm_kimi_k3_moe.tools.build.vllm_config import (
+    from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
         write_model_dir,
     )
-    from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
+    from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
     from vllm_kimi_k3_moe.tools.plan.planner import kimi_moe_classes
     from vllm_kimi_k3_moe.tools.topology import Serving
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology, validate_topology
 

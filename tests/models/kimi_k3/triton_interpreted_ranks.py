@@ -161,7 +161,7 @@ def run_case(kimi_model: Any, case: dict[str, Any]) -> dict[str, Any]:
     from tests.models.kimi_k3.builders import NAN_BYTE
     from tests.models.kimi_k3.gpu_stand_ins import uninitialised_memory_reads
     from tests.models.kimi_k3.preparation.harness import PreparationCase
-    from vllm_kimi_k3_moe.tools.build.rank import Rank
+    from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
     from vllm_kimi_k3_moe.tools.selftest.harness import loaded_rank
     from vllm_kimi_k3_moe.tools.selftest.interpreted_triton import InterpretedTriton
     from vllm_kimi_k3_moe.tools.selftest.reference import relative_error

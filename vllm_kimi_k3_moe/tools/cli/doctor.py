@@ -28,14 +28,14 @@ from vllm_kimi_k3_moe.compat import (
     supported_vllm_series,
     vllm_version_refusal,
 )
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
-    vllm_without_its_package_initialiser,
-)
 from vllm_kimi_k3_moe.tools.cli.common import quiet_vllm
 from vllm_kimi_k3_moe.tools.cli.version import (
     DISTRIBUTION,
     code_fingerprint,
     installed_version,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
+    vllm_without_its_package_initialiser,
 )
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import triton_moe_forward_on_cpu
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import triton_moe_forward_on_cpu
 from vllm_kimi_k3_moe.tools.selftest.kernels import (
     RankKernel,
     cpu_selection,

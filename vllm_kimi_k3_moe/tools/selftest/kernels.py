@@ -43,7 +43,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     linear_kernels_on_their_gpu,
     moe_forward_on_cpu,
     moe_kernel_of_the_gpu,

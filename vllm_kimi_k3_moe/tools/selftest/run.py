@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
-from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import ExpertCheckpoint
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     LoadedRank,

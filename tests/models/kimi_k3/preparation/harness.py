@@ -42,8 +42,10 @@ from vllm_kimi_k3_moe.formats.layouts import (
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     PartitionChoice,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import one_gpu_for_the_data_parallel_group
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
+    one_gpu_for_the_data_parallel_group,
+)
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     PreparedLayer,
     SelftestCase,

@@ -35,9 +35,9 @@ from vllm_kimi_k3_moe.compat import (
 from vllm_kimi_k3_moe.formats import recognise
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import HOPPER
-from vllm_kimi_k3_moe.tools.build.vllm_config import OnlineQuantization
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import HOPPER
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     PreparedLayer,
     SelftestCase,
@@ -271,7 +271,7 @@ def online_methods_observed(into: Quantized) -> Iterator[None]:
 def _observed(own: Any, into: Quantized) -> Any:
     @functools.wraps(own)
     def process_weights_after_loading(self: Any, layer: Any) -> Any:
-        from vllm_kimi_k3_moe.tools.build.stand_ins import (
+        from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
             one_gpu_for_the_data_parallel_group,
         )
 

@@ -48,7 +48,7 @@ from tests.models.kimi_k3.preparation.online_builds import (
     build_alone,
     experts_method_of_flags,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.topology import Topology
 
 
@@ -202,7 +202,7 @@ def test_no_rule_is_learned_from_an_online_methods_bf16(kimi_model, path):
     from vllm_kimi_k3_moe.model_executor.layers.fused_moe import learned_rule
     from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
     from vllm_kimi_k3_moe.patching import replaced_attributes
-    from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
+    from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
 
     topology = Topology(32)
     experts = build_alone(kimi_model, path, path.backends[0], topology)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     cuda_hybrid_kv_cache,
     weightless_model_loader,
 )

@@ -11,7 +11,7 @@ allocates is vLLM's own; everything it replaces is restored on exit
 (``patching.replaced_attributes``). The parallel groups are
 ``rank.simulated_rank``'s. The planner and the test suite share these (the
 suite keeps only stand-ins for parts it replaces whole). The ledger of all
-of them is ``vllm_kimi_k3_moe.tools.build``'s docstring.
+of them is ``vllm_kimi_k3_moe.tools.meta_rank``'s docstring.
 
 ``current_platform.num_compute_units()`` (which a CPU platform does not
 implement) needs no stand-in: only the MLA kernel objects ask for it, and

@@ -1,4 +1,6 @@
-"""Build vLLM's real Kimi-K3 model for one rank of a deployment, on a CPU.
+"""One GPU rank, on the meta device: vLLM's real Kimi-K3 model built as one
+rank of a deployment builds it on its GPU, on a CPU, allocating nothing (the
+tools' base layer; what a CPU lacks is stood in, below).
 
 Offline only (``plan``, ``check --moe-backend`` and ``--serve-command``,
 ``selftest``, the test suite): nothing here runs in a serving process.

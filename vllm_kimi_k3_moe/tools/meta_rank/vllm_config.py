@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.build.draft import speculative_config
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.meta_rank.draft import speculative_config
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     cuda_extensible_kv_cache,
     cuda_graph_capture_sizes,
     cuda_hybrid_kv_cache,
