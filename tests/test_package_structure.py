@@ -165,7 +165,7 @@ print(json.dumps({
 
 
 def test_a_serving_process_imports_no_tool_module() -> None:
-    from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
+    from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
 
     result = subprocess.run(
         [sys.executable, "-c", SERVING_PROCESS, json.dumps(KIMI_K3_MOE_FIELDS)],

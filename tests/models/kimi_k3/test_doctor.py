@@ -11,7 +11,7 @@ import pytest
 
 from vllm_kimi_k3_moe.tools.cli import doctor, main
 from vllm_kimi_k3_moe.tools.cli.version import code_fingerprint
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 UNSET = None
 # (VLLM_PLUGINS, whether vLLM loads the plugin, words of doctor's answer)

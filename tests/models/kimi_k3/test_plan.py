@@ -18,9 +18,16 @@ from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
 from vllm_kimi_k3_moe.tools.cli.common import _refuse_non_lengths
 from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    KIMI_K3_MOE_FIELDS,
+    KIMI_K3_TEXT_CONFIG,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    Deployment,
+    DeploymentError,
+    Serving,
+)
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS, KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Serving
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
@@ -730,8 +737,8 @@ def test_a_shorter_max_model_len_holds_more_requests_and_fewer_tokens(
 ):
     """What the tables' note says, as vLLM's own planner sizes it (TP32 on
     H20s): each request's KDA state is paid whatever its length."""
-    from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-    from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+    from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+    from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
     from vllm_kimi_k3_moe.tools.plan.planner import Planner
 
     long = kimi_k3_deployment_plans[32].fixed_kv

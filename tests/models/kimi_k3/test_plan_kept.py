@@ -1,6 +1,7 @@
-"""Asked again, ``plan`` answers from the plans it kept (``tools.remembered``)
-without importing vLLM, byte for byte what the full build printed; another
-question (config contents, arguments) is worked out again."""
+"""Asked again, ``plan`` answers from the plans it kept
+(``tools.deployment.remembered``) without importing vLLM, byte for byte what
+the full build printed; another question (config contents, arguments) is
+worked out again."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
 from vllm_kimi_k3_moe.tools.cli.plan import Answers, _plan_input
-from vllm_kimi_k3_moe.tools.remembered import answer_key
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.remembered import answer_key
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
 
 # run in a new process: its output, and whether it imported vLLM or torch
 ASKED_AGAIN = """

@@ -73,10 +73,10 @@ from tests.models.kimi_k3.preparation.harness import (
     rows_held,
 )
 from tests.models.kimi_k3.test_never_worse_matrix import Built, outcome
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.selftest.interpreted_triton import (
     INTERPRETER_ENVIRONMENT,
 )
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 pytestmark = pytest.mark.triton_interpreted
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS
-from vllm_kimi_k3_moe.tools.topology import DeploymentError
+from vllm_kimi_k3_moe.tools.deployment.topology import DeploymentError
 
 PROG = "vllm-kimi-k3-moe"
 USAGE_ERROR = 2

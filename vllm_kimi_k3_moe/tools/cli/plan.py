@@ -42,19 +42,44 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     positive_int,
     quiet_vllm,
 )
-from vllm_kimi_k3_moe.tools.gpu_budget import (
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import (
     ACTIVATIONS_GIB,
     CONTEXT_GIB,
     BudgetError,
     GpuBudget,
 )
-from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
-from vllm_kimi_k3_moe.tools.kernel_gpus import (
+from vllm_kimi_k3_moe.tools.deployment.gpus import GPU_PRESETS, GpuError, gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
     KernelOnGpu,
     kernel_utilization,
     refuse_a_kernel_the_gpu_cannot_run,
 )
-from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
+from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
+from vllm_kimi_k3_moe.tools.deployment.remembered import CACHE_VARIABLE, remembered
+from vllm_kimi_k3_moe.tools.deployment.speculation import (
+    Speculation,
+    read_speculative_config,
+)
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    KIMI_K3_TEXT_CONFIG,
+    ConfigFileError,
+    declared_quantization_config,
+    read_config_document,
+    read_language_model_config,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    DEFAULT_MAX_MODEL_LEN,
+    KV_CACHE_DTYPES,
+    Deployment,
+    DeploymentError,
+    Serving,
+    Topology,
+    validate,
+    validate_backend,
+    validate_prefill_context_parallel,
+    validate_serving,
+)
+from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_with_working_tp_sizes
 from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
@@ -67,28 +92,6 @@ from vllm_kimi_k3_moe.tools.plan.report import (
 )
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
-from vllm_kimi_k3_moe.tools.remembered import CACHE_VARIABLE, remembered
-from vllm_kimi_k3_moe.tools.speculation import Speculation, read_speculative_config
-from vllm_kimi_k3_moe.tools.text_config import (
-    KIMI_K3_TEXT_CONFIG,
-    ConfigFileError,
-    declared_quantization_config,
-    read_config_document,
-    read_language_model_config,
-)
-from vllm_kimi_k3_moe.tools.topology import (
-    DEFAULT_MAX_MODEL_LEN,
-    KV_CACHE_DTYPES,
-    Deployment,
-    DeploymentError,
-    Serving,
-    Topology,
-    validate,
-    validate_backend,
-    validate_prefill_context_parallel,
-    validate_serving,
-)
-from vllm_kimi_k3_moe.tools.tp_sizes import validate_with_working_tp_sizes
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]

@@ -28,8 +28,22 @@ import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import KimiK3Format
 from vllm_kimi_k3_moe.patching import upstream_class
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.kv_budget import KvBudget, kv_budget
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.kv_budget import KvBudget, kv_budget
+from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE, node_split
+from vllm_kimi_k3_moe.tools.deployment.speculation import Speculation
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    moe_layer_count,
+    one_layer_of_each,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    Deployment,
+    DeploymentError,
+    Serving,
+    layouts,
+    validate,
+    validate_serving,
+)
 from vllm_kimi_k3_moe.tools.meta_rank.allocation import (
     LayerAllocation,
     PlacedAllocation,
@@ -38,25 +52,11 @@ from vllm_kimi_k3_moe.tools.meta_rank.draft import for_vllm, write_draft_dir
 from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCachePlanner
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
-from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE, node_split
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_commands
 from vllm_kimi_k3_moe.tools.plan.values import (
     DeploymentPlan,
     MoeMemoryPlan,
     StageAllocation,
-)
-from vllm_kimi_k3_moe.tools.speculation import Speculation
-from vllm_kimi_k3_moe.tools.text_config import (
-    moe_layer_count,
-    one_layer_of_each,
-)
-from vllm_kimi_k3_moe.tools.topology import (
-    Deployment,
-    DeploymentError,
-    Serving,
-    layouts,
-    validate,
-    validate_serving,
 )
 
 # What vLLM raises when it cannot build a layer for a deployment.

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.tools.kv_budget import KvBudget
+from vllm_kimi_k3_moe.tools.deployment.kv_budget import KvBudget
+from vllm_kimi_k3_moe.tools.deployment.nodes import NodeSplit
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
 from vllm_kimi_k3_moe.tools.meta_rank.allocation import LayerAllocation, ModelAllocation
 from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCacheShape, KvCapacity
-from vllm_kimi_k3_moe.tools.nodes import NodeSplit
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 GB = 10**9  # the unit of every size plan reports per GPU
 

@@ -28,6 +28,8 @@ import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.formats import CheckpointFormat, format_named, recognise
 from vllm_kimi_k3_moe.patching import replaced_attributes, upstream_class
 from vllm_kimi_k3_moe.tools.check.layout import MODELOPT_CONFIG_FILE
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
     OnlineQuantization,
@@ -57,8 +59,6 @@ from vllm_kimi_k3_moe.tools.selftest.reference import (
 )
 from vllm_kimi_k3_moe.tools.selftest.shape import MoeShape, moe_shape
 from vllm_kimi_k3_moe.tools.selftest.synthetic import write_synthetic_checkpoint
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
-from vllm_kimi_k3_moe.tools.topology import Deployment, Topology
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

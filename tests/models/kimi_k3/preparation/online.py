@@ -35,6 +35,7 @@ from vllm_kimi_k3_moe.compat import (
 from vllm_kimi_k3_moe.formats import recognise
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
 from vllm_kimi_k3_moe.patching import replaced_attributes
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import HOPPER
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
@@ -47,7 +48,6 @@ from vllm_kimi_k3_moe.tools.selftest.harness import (
 from vllm_kimi_k3_moe.tools.selftest.layer import write_layer_config
 from vllm_kimi_k3_moe.tools.selftest.shape import moe_shape
 from vllm_kimi_k3_moe.tools.selftest.synthetic import expert_tensors
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 BLACKWELL = (10, 0)  # nvfp4_per_token's minimum; FlashInfer TRT-LLM, b12x
 

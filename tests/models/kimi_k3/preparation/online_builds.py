@@ -12,10 +12,10 @@ from typing import Any
 
 from tests.models.kimi_k3.gpu_stand_ins import a_cuda_node
 from tests.models.kimi_k3.preparation.online import OnlinePath, bf16_layer
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
 from vllm_kimi_k3_moe.tools.selftest.harness import vllm_alone
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 
 def build_alone(

@@ -48,8 +48,8 @@ from tests.models.kimi_k3.preparation.online_builds import (
     build_alone,
     experts_method_of_flags,
 )
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 
 def last_gpu(topology: Topology) -> Rank:

@@ -23,7 +23,7 @@ from typing import Any
 
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.topology import Deployment
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 
 
 @functools.cache

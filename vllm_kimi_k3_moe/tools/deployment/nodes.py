@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import DeploymentError, Topology
 
 # GPUs per node when plan is not told (--gpus-per-node): an HGX/DGX node.
 DEFAULT_GPUS_PER_NODE = 8

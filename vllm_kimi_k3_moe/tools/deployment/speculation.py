@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.public_drafts import NOT_KEPT, PUBLIC_DRAFTS
-from vllm_kimi_k3_moe.tools.topology import DeploymentError
+from vllm_kimi_k3_moe.tools.deployment.public_drafts import NOT_KEPT, PUBLIC_DRAFTS
+from vllm_kimi_k3_moe.tools.deployment.topology import DeploymentError
 
 # The methods plan sizes: Kimi-K3's drafts in vLLM 0.33.0
 # (models/kimi_k3/nvidia/dspark_mla.py, models/kimi_k3/nvidia/mtp.py).
