@@ -16,8 +16,8 @@ from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
-from vllm_kimi_k3_moe.tools.cli.common import _refuse_non_lengths
 from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
+from vllm_kimi_k3_moe.tools.deployment.max_model_len import _refuse_non_lengths
 from vllm_kimi_k3_moe.tools.deployment.text_config import (
     KIMI_K3_MOE_FIELDS,
     KIMI_K3_TEXT_CONFIG,

@@ -10,6 +10,7 @@ What is deployed
     ``text_config``   Kimi-K3's published text config; reading a ``config.json``.
     ``topology``      the layout (TP, PP, DP, EP, DCP), the serving options,
                       what each GPU holds; refusals in vLLM's own words.
+    ``max_model_len`` ``--max-model-len`` as vLLM reads it.
     ``tp_sizes``      the tensor-parallel sizes that build, where one does not.
     ``nodes``         how a layout spreads over nodes in vLLM's launch.
     ``speculation``   the ``--speculative-config`` draft a deployment runs.

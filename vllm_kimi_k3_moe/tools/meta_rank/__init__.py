@@ -7,7 +7,8 @@ Offline only (``plan``, ``check --moe-backend`` and ``--serve-command``,
 ``vllm_config`` makes the ``VllmConfig`` ``vllm serve`` would, ``rank``
 poses the process as a rank, ``whole_model`` builds the language model on
 ``meta`` and ``allocation`` reads what it allocates, ``kv_cache`` sizes the
-KV cache with vLLM's own planner.
+KV cache with vLLM's own planner; ``quiet`` keeps vLLM's output off the
+terminal meanwhile.
 
 Stand-in ledger
 ---------------
