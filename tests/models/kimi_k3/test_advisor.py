@@ -285,10 +285,10 @@ def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
 def plan_on_the_module_planner(planner, monkeypatch):
     """``plan`` on 141 GiB H200s (vLLM's defaults otherwise) sizing with the
     module's planner, whose builds it shares, instead of a new one."""
-    from vllm_kimi_k3_moe.tools.cli import plan as plan_command
+    from vllm_kimi_k3_moe.tools.plan import answers
 
     monkeypatch.setattr(planner, "close", lambda: None)
-    monkeypatch.setattr(plan_command, "Planner", lambda *_, **__: planner)
+    monkeypatch.setattr(answers, "Planner", lambda *_, **__: planner)
 
 
 def test_the_advisor_says_how_to_get_any_layouts_command(
