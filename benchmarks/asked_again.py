@@ -1,6 +1,6 @@
 """Wall time of a ``plan`` question asked again, against importing vLLM.
 
-In fresh processes, with a new, empty answer cache (``tools.remembered``):
+In fresh processes, with a new, empty answer cache (``tools.deployment.remembered``):
 the question once (the full build: vLLM imported, its model built), then
 RUNS pairs, alternating so each pair sees the same load, of importing
 vLLM's Kimi-K3 model (what every build pays first) and the same question
@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from vllm_kimi_k3_moe.tools.cli.common import HUMMING_BACKGROUND_BUILDS
-from vllm_kimi_k3_moe.tools.remembered import CACHE_VARIABLE
+from vllm_kimi_k3_moe.tools.deployment.remembered import CACHE_VARIABLE
 
 IMPORT = "import vllm.models.kimi_k3.nvidia.model"
 DEFAULT_QUESTION = ["plan", "--gpus", "32", "--gpu", "h20"]

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from vllm_kimi_k3_moe.tools.cli.common import HUMMING_BACKGROUND_BUILDS
-from vllm_kimi_k3_moe.tools.remembered import CACHE_VARIABLE
+from vllm_kimi_k3_moe.tools.deployment.remembered import CACHE_VARIABLE
 
 
 def seconds(tree: str, arguments: list[str], kept: str) -> float:

@@ -24,7 +24,7 @@ from tests.models.kimi_k3.preparation.online import (
     refusal,
     what_is_wrong,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 
 
 def cell(quantized: QuantizedRank) -> str:

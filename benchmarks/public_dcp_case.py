@@ -31,13 +31,13 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.build import stand_ins
 from vllm_kimi_k3_moe.tools.cli.common import no_background_kernel_builds, quiet_vllm
-from vllm_kimi_k3_moe.tools.gpu_budget import GIB, GpuBudget
-from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GIB, GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.meta_rank import stand_ins
 from vllm_kimi_k3_moe.tools.plan.planner import Planner
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 # vLLM PR #50484, "HBM KV capacity per GPU": (tokens, GiB of KV cache).
 PUBLIC = {1: (1_933_000, 25.12), 8: (19_752_000, 34.28)}

@@ -1,5 +1,5 @@
 """Every test keeps ``plan``'s answers in a directory of its own
-(``tools.remembered``): no test reads an answer another test, or the
+(``tools.deployment.remembered``): no test reads an answer another test, or the
 operator's own runs, kept, and none writes to the user's cache. Each test
 is a command of its own: the VLLM_* settings are read afresh."""
 
@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_k3_moe.tools.remembered import CACHE_VARIABLE, vllm_environment
+from vllm_kimi_k3_moe.tools.deployment.remembered import (
+    CACHE_VARIABLE,
+    vllm_environment,
+)
 
 
 @pytest.fixture(autouse=True)

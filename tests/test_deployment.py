@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
-from vllm_kimi_k3_moe.tools.topology import (
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
+from vllm_kimi_k3_moe.tools.deployment.topology import (
     Deployment,
     DeploymentError,
     Topology,

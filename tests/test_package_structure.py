@@ -123,6 +123,22 @@ def test_serving_modules_never_import_the_tools() -> None:
     assert offending == []
 
 
+def test_the_tools_wings_never_import_the_command_line() -> None:
+    """``tools.cli`` parses arguments and prints; the wings that decide
+    (``plan``, ``check``, ``selftest``, ``deployment``, ``meta_rank``) stand
+    below it and import nothing from it."""
+    known = modules()
+    cli = f"{TOOLS}.cli"
+    offending = [
+        f"{name} imports {target}"
+        for name in known
+        if name.startswith(f"{TOOLS}.") and not name.startswith(cli)
+        for target, _ in imports(name, known[name], known)
+        if target == cli or target.startswith(f"{cli}.")
+    ]
+    assert offending == []
+
+
 # A vLLM worker's life with the plugin: plugins loaded, Kimi-K3's model
 # imported, a KimiMoE built (here on meta, as one rank of TP32 with Marlin,
 # the groups and the Marlin device check stood in inline). Then which plugin
@@ -165,7 +181,7 @@ print(json.dumps({
 
 
 def test_a_serving_process_imports_no_tool_module() -> None:
-    from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
+    from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
 
     result = subprocess.run(
         [sys.executable, "-c", SERVING_PROCESS, json.dumps(KIMI_K3_MOE_FIELDS)],

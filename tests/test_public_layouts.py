@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS
+from vllm_kimi_k3_moe.tools.deployment.gpus import GPU_PRESETS
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import layouts
 from vllm_kimi_k3_moe.tools.plan.public_layouts import PUBLIC_LAYOUTS, public_layouts
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import layouts
 
 
 @pytest.mark.parametrize("gpu", PUBLIC_LAYOUTS)

@@ -1,4 +1,4 @@
-"""``tools.remembered``: a kept answer is used only where nothing that could
+"""``tools.deployment.remembered``: a kept answer is used only where nothing that could
 change it changed (the question, the installed vLLM, the plugin's source, a
 ``VLLM_*`` setting), never where it did."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import vllm_kimi_k3_moe
-from vllm_kimi_k3_moe.tools import remembered as kept
-from vllm_kimi_k3_moe.tools.remembered import CACHE_VARIABLE, remembered
+from vllm_kimi_k3_moe.tools.deployment import remembered as kept
+from vllm_kimi_k3_moe.tools.deployment.remembered import CACHE_VARIABLE, remembered
 
 
 class Counted:

@@ -14,7 +14,7 @@ from huggingface_hub.file_download import repo_folder_name
 
 from vllm_kimi_k3_moe.tools.check.hub_cache import checkpoint_directory
 from vllm_kimi_k3_moe.tools.check.layout import PreflightInputError
-from vllm_kimi_k3_moe.tools.serve_line import serve_words
+from vllm_kimi_k3_moe.tools.deployment.serve_line import serve_words
 
 CONTINUED = """\
       vllm serve '/models/Kimi K3' --tensor-parallel-size 32 \\

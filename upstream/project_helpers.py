@@ -43,9 +43,9 @@ from tests.models.kimi_k3.traced_checkpoint import (
     load_and_decode,
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import backend_name
-from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import moe_kernels_on_their_gpu
 
 __all__ = [
     "ALIGNED_TOPOLOGIES",

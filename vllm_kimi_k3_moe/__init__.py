@@ -55,7 +55,7 @@ differs nothing is patched and one warning names what.
 
 The offline tools (``vllm_kimi_k3_moe.tools``) are never imported by a
 serving process; their temporary stand-ins for vLLM internals have their own
-ledger in ``vllm_kimi_k3_moe.tools.build``.
+ledger in ``vllm_kimi_k3_moe.tools.meta_rank``.
 
 ``register()`` only installs an import hook: the patches apply when vLLM imports
 the Kimi-K3 NVIDIA model module, in whichever process does so. ``unregister()``

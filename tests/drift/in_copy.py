@@ -66,8 +66,8 @@ def fp8_block_forward_errors(model: Any) -> dict[str, float]:
     """vLLM's MoE forward at TP32, FP8 block, every rank summed, against the
     unsharded experts: each output's error."""
     from tests.models.kimi_k3 import forward_cases as forward
+    from vllm_kimi_k3_moe.tools.deployment.topology import Topology
     from vllm_kimi_k3_moe.tools.selftest.harness import deployment_outputs, errors_of
-    from vllm_kimi_k3_moe.tools.topology import Topology
 
     case = forward.small_case("fp8-block", Topology(32))
     with tempfile.TemporaryDirectory() as work:

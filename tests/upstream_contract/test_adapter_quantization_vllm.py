@@ -22,14 +22,17 @@ from vllm_kimi_k3_moe.formats.adapters import (
     adapters_quantized,
 )
 from vllm_kimi_k3_moe.formats.layouts import safetensors_dtype
-from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import Serving, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     linear_kernels_on_their_gpu,
     moe_kernels_on_their_gpu,
 )
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Serving, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
+    rank_vllm_config,
+    write_model_dir,
+)
 
 # vLLM's name of the first MoE layer in the multimodal model
 PREFIX = "language_model.model.layers.1.block_sparse_moe"

@@ -14,11 +14,8 @@ from pathlib import Path
 import pytest
 
 from vllm_kimi_k3_moe.formats import mxfp4
-from vllm_kimi_k3_moe.tools.build.rank import rank_zero_of
-from vllm_kimi_k3_moe.tools.build.stand_ins import whole_model_on_cpu
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import (
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import (
     KIMI_K3_PCP_REFUSAL,
     Deployment,
     DeploymentError,
@@ -26,6 +23,12 @@ from vllm_kimi_k3_moe.tools.topology import (
     Topology,
     validate_prefill_context_parallel,
     validate_topology,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.rank import rank_zero_of
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import whole_model_on_cpu
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
+    rank_vllm_config,
+    write_model_dir,
 )
 
 TP_SIZES = [1, 2, 4, 8, 16, 32]  # every TP Kimi-K3's heads and vocabulary take

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from vllm_kimi_k3_moe.formats import mxfp4
-from vllm_kimi_k3_moe.tools.build.kv_cache import KvCachePlanner
-from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
-from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCachePlanner
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
+from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
 
 # TP32 fits H20s with the plugin: DCP32 spreads each request's MLA tokens
 # over all 32 GPUs of the TP group.

@@ -13,15 +13,15 @@ import pytest
 
 from tests.models.kimi_k3.kimi_k3_formats import release_model_dir
 from vllm_kimi_k3_moe import compat
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.kv_budget import kv_budget
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     a_cuda_platform_for_the_parser,
     cuda_extensible_kv_cache,
 )
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.kv_budget import kv_budget
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 DEPLOYMENT = Deployment(8)  # one node: the line has no launch flags
 

@@ -1,7 +1,7 @@
 """Every node's ``vllm serve`` line ``plan`` prints is one vLLM 0.33.0 launches:
 read by vLLM's ``vllm serve`` parser, its engine config made by vLLM's own
 ``EngineArgs.create_engine_config`` (headless on the nodes other than 0), the
-node split is the one ``tools/nodes.py`` states, and node 0's
+node split is the one ``tools/deployment/nodes.py`` states, and node 0's
 ``ParallelConfig`` is the one the tools build (``parallel_config``). vLLM's
 launch rules refuse what ``split_over`` refuses, and nothing else."""
 
@@ -13,18 +13,21 @@ from pathlib import Path
 import pytest
 
 from vllm_kimi_k3_moe.formats import mxfp4
-from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
-from vllm_kimi_k3_moe.tools.build.vllm_config import parallel_config, write_model_dir
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.nodes import HEAD, node_split, split_over
-from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import (
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.nodes import HEAD, node_split, split_over
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import (
     Deployment,
     DeploymentError,
     Serving,
     Topology,
 )
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_cuda_platform_for_the_parser
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
+    parallel_config,
+    write_model_dir,
+)
+from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
 
 # (layout, GPUs per node, nodes vLLM's launch takes)
 LAUNCHES = [
@@ -179,7 +182,7 @@ def test_split_over_refuses_what_vllms_launch_refuses(
 def test_the_launch_flags_vllm_refuses(engine_config, words, refusal):
     """What ``nodes.validate_launch`` refuses besides the split, in vLLM's
     words."""
-    from vllm_kimi_k3_moe.tools.nodes import validate_launch
+    from vllm_kimi_k3_moe.tools.deployment.nodes import validate_launch
 
     model, make = engine_config
     with pytest.raises(ValueError, match=refusal):
@@ -194,8 +197,8 @@ def test_the_lines_carry_the_speculative_config_vllm_takes(engine_config, tmp_pa
     """With ``--speculative-config`` every node's line carries it, and vLLM
     makes the DSpark draft's config from it (the kept public draft's
     ``config.json``, in a local directory as an operator's copy)."""
-    from vllm_kimi_k3_moe.tools.build.draft import write_draft_dir
-    from vllm_kimi_k3_moe.tools.speculation import read_speculative_config
+    from vllm_kimi_k3_moe.tools.deployment.speculation import read_speculative_config
+    from vllm_kimi_k3_moe.tools.meta_rank.draft import write_draft_dir
 
     model, make = engine_config
     public = read_speculative_config(

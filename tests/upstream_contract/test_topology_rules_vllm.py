@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from vllm_kimi_k3_moe.formats import mxfp4
-from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
-from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import (
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import (
     DeploymentError,
     Serving,
     Topology,
     pipeline_layers,
     validate_topology,
 )
+from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
 
 TP_SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32, 48, 64]
 VOCAB = KIMI_K3_TEXT_CONFIG["vocab_size"]

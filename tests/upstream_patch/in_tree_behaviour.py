@@ -25,9 +25,9 @@ import torch
 from tests.models.kimi_k3 import forward_cases as forward
 from upstream import partition_matrix as matrix
 from upstream import project_helpers as helpers
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.selftest.dequantize import FORMATS as FORWARD_FORMATS
 from vllm_kimi_k3_moe.tools.selftest.harness import deployment_outputs, errors_of
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 LOGICAL = 3072  # Kimi-K3's moe_intermediate_size
 HIDDEN = matrix.SMALL_HIDDEN  # latent width of the small CPU layers

@@ -10,8 +10,8 @@ import pytest
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from vllm_kimi_k3_moe.formats import mxfp4
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
 from vllm_kimi_k3_moe.tools.selftest import layer
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
 
 POISON = 0xA5  # the byte uninitialised memory reads as in these tests
 NAN_BYTE = 0xFF  # NaN in bf16, fp32, fp8 e4m3 and e8m0 alike

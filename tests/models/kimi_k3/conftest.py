@@ -32,14 +32,14 @@ from tests.models.kimi_k3.gpu_stand_ins import (
 )
 from tests.models.kimi_k3.kimi_k3_formats import format_model_dir, format_vllm_config
 from vllm_kimi_k3_moe.patching import upstream_class
-from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     CudaStreamStandIn,
     moe_kernels_on_their_gpu,
 )
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 from vllm_kimi_k3_moe.tools.selftest.layer import build_moe_layers
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 
 @pytest.fixture(scope="session")
@@ -54,10 +54,10 @@ def kimi_k3_h20_planner(kimi_model: ModuleType) -> Iterator[object]:
     """A ``Planner`` of Kimi-K3's published config on H20s (``--gpu h20``;
     vLLM's defaults otherwise): the tests that plan on it share its builds
     (each TP size's is made once)."""
-    from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-    from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+    from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+    from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
+    from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
     from vllm_kimi_k3_moe.tools.plan.planner import Planner
-    from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 
     budget = GpuBudget(gpu_preset("h20").memory_gib)
     with Planner(KIMI_K3_TEXT_CONFIG, budget=budget) as planner:
@@ -68,7 +68,7 @@ def kimi_k3_h20_planner(kimi_model: ModuleType) -> Iterator[object]:
 def kimi_k3_deployment_plans(kimi_k3_h20_planner) -> dict[int, object]:
     """The plans of Kimi-K3's published config, released MXFP4 on Marlin,
     at TP8, TP16 and TP32, on H20s: read by several test files."""
-    from vllm_kimi_k3_moe.tools.topology import Deployment
+    from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 
     return {tp: kimi_k3_h20_planner.plan(Deployment(tp)) for tp in (8, 16, 32)}
 

@@ -9,14 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     PreparedLayer,
     SelftestCase,
     prepare_layer,
 )
 from vllm_kimi_k3_moe.tools.selftest.kernels import ReferenceKernel
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 # Kimi-K3's MoE layer with 4 experts, top-2 (the selftest keeps 2 x top-k),
 # 256 wide on the CPU; the real 3072 rows, so TP16 gives each rank 192 and

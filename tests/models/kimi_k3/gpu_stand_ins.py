@@ -6,7 +6,7 @@ compares its world size with, the compute capability of vLLM's config
 checks). The stand-ins the planner and the selftest share
 (every MoE kernel's device check, CUDA streams and events, MLA kernels, the
 MoE forward's SiTU op and capture check) are in
-``vllm_kimi_k3_moe.tools.build.stand_ins``. Everything else stays vLLM's own
+``vllm_kimi_k3_moe.tools.meta_rank.stand_ins``. Everything else stays vLLM's own
 code. Each stand-in is undone when its context or the test ends."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 
 from tests.models.kimi_k3.mxfp4_checkpoint import logical_shape
 from vllm_kimi_k3_moe.formats.mxfp4 import WEIGHTS as MXFP4_WEIGHT_ARGS
-from vllm_kimi_k3_moe.tools.text_config import (
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
     KIMI_K3_ATTENTION_FIELDS,
     KIMI_K3_MOE_FIELDS,
 )

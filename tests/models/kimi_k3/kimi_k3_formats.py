@@ -22,10 +22,13 @@ from tests.models.kimi_k3.quantization_space import (
     gptq,
 )
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, mxfp4
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Serving, Topology
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import Serving, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
+    rank_vllm_config,
+    write_model_dir,
+)
 
 FP8 = {"num_bits": 8, "type": "float", "symmetric": True}
 

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from vllm_kimi_k3_moe.formats import mxfp4
-from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
-from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
-from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.cli import main
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving, layouts
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_cuda_platform_for_the_parser
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
+from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.plan.planner import Planner
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, layouts
 
 H200 = GpuBudget(gpu_preset("h200").memory_gib)
 LAYERS = 93
@@ -285,10 +285,10 @@ def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
 def plan_on_the_module_planner(planner, monkeypatch):
     """``plan`` on 141 GiB H200s (vLLM's defaults otherwise) sizing with the
     module's planner, whose builds it shares, instead of a new one."""
-    from vllm_kimi_k3_moe.tools.cli import plan as plan_command
+    from vllm_kimi_k3_moe.tools.plan import answers
 
     monkeypatch.setattr(planner, "close", lambda: None)
-    monkeypatch.setattr(plan_command, "Planner", lambda *_, **__: planner)
+    monkeypatch.setattr(answers, "Planner", lambda *_, **__: planner)
 
 
 def test_the_advisor_says_how_to_get_any_layouts_command(

@@ -11,12 +11,20 @@ import pytest
 
 from tests.models.kimi_k3.gpu_stand_ins import a_cuda_node
 from vllm_kimi_k3_moe.formats import FORMATS
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    Deployment,
+    Serving,
+    Topology,
+    layouts,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
+    rank_vllm_config,
+    write_model_dir,
+)
 from vllm_kimi_k3_moe.tools.plan.planner import Planner
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, Topology, layouts
 
 NODE_GPUS = 8
 # A Turing GPU (T4, 7.5), below the minimum capability vLLM sets for MXFP4,

@@ -32,8 +32,8 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading impo
     expert_loading,
 )
 from vllm_kimi_k3_moe.patching import upstream_class
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 
 SPEC = KimiK3Spec()
 INTERMEDIATE = SPEC.moe_intermediate_size

@@ -19,7 +19,7 @@ from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FormatError, recognise
 from vllm_kimi_k3_moe.tools.cli import main
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 SPEC = KimiK3Spec()
 FORMATS = list(FORMAT_TENSORS)

@@ -29,8 +29,8 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.tools.cli import main
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
 from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 SPEC = KimiK3Spec()
 Shards = list[dict[str, torch.Tensor]]

@@ -10,8 +10,8 @@ import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import POISON, routed_experts
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 
 CT = "ct-mxfp4"
 HIDDEN = k3.ROUTED_EXPERT_HIDDEN_SIZE  # 3584

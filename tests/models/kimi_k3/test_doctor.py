@@ -4,12 +4,14 @@ Kimi-K3's MoE layer logs."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 
 import pytest
 
 from vllm_kimi_k3_moe.tools.cli import doctor, main
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.cli.version import code_fingerprint
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 UNSET = None
 # (VLLM_PLUGINS, whether vLLM loads the plugin, words of doctor's answer)
@@ -80,6 +82,14 @@ def test_doctor_exit_status_follows_the_environment(monkeypatch, capsys) -> None
     monkeypatch.delenv("VLLM_PLUGINS")
     assert main(["doctor"]) == 0
     assert capsys.readouterr().out != off
+
+
+def test_doctor_prints_the_version_and_the_code_fingerprint() -> None:
+    """Nodes are compared by these two lines."""
+    lines = doctor.diagnose(environment(UNSET)).lines
+    version = importlib.metadata.version("vllm-kimi-k3-moe")
+    assert lines[0].startswith(f"plugin       vllm-kimi-k3-moe {version};")
+    assert lines[1].startswith(f"code         {code_fingerprint()} ")
 
 
 def test_a_quiet_log_level_is_said(monkeypatch) -> None:

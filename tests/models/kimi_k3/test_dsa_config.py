@@ -15,13 +15,16 @@ import pytest
 
 from vllm_kimi_k3_moe import compat
 from vllm_kimi_k3_moe.formats import mxfp4
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config, write_model_dir
-from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.cli import main
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
+    rank_vllm_config,
+    write_model_dir,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, Topology
 
 # Kimi-K3 cut to 8 layers: MLA at 1-based 4 and 8, KDA elsewhere, the first
 # one dense; both MLA layers DSA (as Kimi-K3.1 puts DSA on every one)

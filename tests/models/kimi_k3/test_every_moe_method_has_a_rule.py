@@ -16,8 +16,8 @@ import pytest
 from tests.models.kimi_k3.preparation.online import PATHS
 from vllm_kimi_k3_moe.formats import FORMATS
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
-from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
 
 KNOWN = {name for fmt in FORMATS for name in fmt.vllm_methods}
 # method -> (config in the suite's quantization space, --moe-backend, layout)

@@ -20,10 +20,10 @@ from tests.models.kimi_k3.format_checkpoints import (
 from tests.models.kimi_k3.kimi_k3_checkpoint import KimiK3Spec, expert_tensor_name
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.formats import recognise
-from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernels_on_their_gpu
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import moe_kernels_on_their_gpu
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 
 # One MoE layer (1) of four experts; the real 3072 intermediate size.
 SPEC = KimiK3Spec(num_experts=4, num_hidden_layers=2, num_nextn_predict_layers=0)

@@ -28,12 +28,12 @@ from tests.models.kimi_k3.builders import NAN_BYTE
 from tests.models.kimi_k3.forward_cases import CPU, TOLERANCE, layer_cache, small_case
 from tests.models.kimi_k3.gpu_stand_ins import uninitialised_memory_reads
 from tests.models.kimi_k3.quantization_space import compressed_tensors_int
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     deployment_outputs,
     errors_of,
     vllm_alone,
 )
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 pytestmark = [
     pytest.mark.forward_equivalence,

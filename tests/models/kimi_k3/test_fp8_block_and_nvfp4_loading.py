@@ -18,8 +18,8 @@ from tests.models.kimi_k3.traced_checkpoint import (
     load_and_decode,
     nvfp4_tensors,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 
 TP_SIZE = 32
 INTERMEDIATE = k3.MOE_INTERMEDIATE_SIZE  # 3072

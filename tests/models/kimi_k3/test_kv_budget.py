@@ -13,18 +13,18 @@ import pytest
 
 from tests.models.kimi_k3.kimi_k3_formats import release_model_dir
 from vllm_kimi_k3_moe import compat
-from vllm_kimi_k3_moe.tools import kv_budget as kv_budget_module
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
-from vllm_kimi_k3_moe.tools.gpu_budget import (
+from vllm_kimi_k3_moe.tools.deployment import kv_budget as kv_budget_module
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import (
     ACTIVATIONS_GIB,
     CONTEXT_GIB,
     GIB,
     BudgetError,
     GpuBudget,
 )
-from vllm_kimi_k3_moe.tools.kv_budget import kv_budget
+from vllm_kimi_k3_moe.tools.deployment.kv_budget import kv_budget
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, Topology
 
 H200_GIB = 141
 # TP32's weights per GPU on an H200 (plan's table): with the plugin, and

@@ -11,7 +11,7 @@ from torch import nn
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import routed_experts
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 MIN_MOE_INTERMEDIATE_PER_PARTITION = 256  # upstream's model-level minimum
 MXFP4_MARLIN_ALIGNMENT = 128  # Marlin MXFP4 MoE: intermediate multiple of 128

@@ -18,8 +18,8 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
     load_checkpoint,
 )
 from tests.models.kimi_k3.traced_checkpoint import assert_every_element_once
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 
 TP_SIZE = 32
 RAW_LOCAL = 96  # 3072 // 32

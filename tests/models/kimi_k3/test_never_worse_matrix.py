@@ -25,8 +25,8 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     kernel_of,
     rule_of,
 )
-from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
 
 TP_SIZES = (1, 2, 4, 8, 16, 32)  # whole heads (96) and vocabulary rows
 DP_SIZES = (1, 2, 4, 8)

@@ -13,7 +13,7 @@ import pytest
 from tests.models.kimi_k3.kimi_k3_formats import LEARNED_FORMAT
 from vllm_kimi_k3_moe.formats import format_of_method
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 TOPOLOGIES = [
     Topology(1),

@@ -9,14 +9,14 @@ import pytest
 
 from vllm_kimi_k3_moe.tools.cli import build_parser
 from vllm_kimi_k3_moe.tools.cli.plan import advisor_command
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.plan.next_step import (
     NextStep,
     fitting,
     next_step,
     next_step_lines,
 )
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
 
 # a GPU on which one does not hold Kimi-K3 and two do (TP1 PP2)
 GIB = 1000

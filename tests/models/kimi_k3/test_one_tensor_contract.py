@@ -23,7 +23,7 @@ from tests.models.kimi_k3.format_checkpoints import (
 )
 from tests.models.kimi_k3.kimi_k3_checkpoint import expert_tensor_name
 from vllm_kimi_k3_moe.tools.cli import main
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 HIDDEN, INTERMEDIATE = 256, 3072  # the tiny checkpoint's and layer's
 LAYER = "model.layers.1.block_sparse_moe.experts"  # the layer's own prefix

@@ -16,7 +16,7 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe import partition
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     routed_experts as routed_experts_partition,
 )
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 
 @pytest.fixture

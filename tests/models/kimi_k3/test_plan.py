@@ -16,11 +16,18 @@ from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
-from vllm_kimi_k3_moe.tools.cli.common import _refuse_non_lengths
 from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
+from vllm_kimi_k3_moe.tools.deployment.max_model_len import _refuse_non_lengths
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    KIMI_K3_MOE_FIELDS,
+    KIMI_K3_TEXT_CONFIG,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    Deployment,
+    DeploymentError,
+    Serving,
+)
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS, KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Serving
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
@@ -507,7 +514,9 @@ def vllm_serve_parser():
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
+        a_cuda_platform_for_the_parser,
+    )
 
     with a_cuda_platform_for_the_parser():
         return EngineArgs.add_cli_args(FlexibleArgumentParser())
@@ -626,7 +635,7 @@ def test_planning_leaves_vllms_kernel_checks_as_they_were(kimi_model):
     )
     from vllm.model_executor.layers.quantization import mxfp4
 
-    from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
         compressed_tensors_mxfp4_kernel,
     )
 
@@ -728,8 +737,8 @@ def test_a_shorter_max_model_len_holds_more_requests_and_fewer_tokens(
 ):
     """What the tables' note says, as vLLM's own planner sizes it (TP32 on
     H20s): each request's KDA state is paid whatever its length."""
-    from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-    from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+    from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+    from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
     from vllm_kimi_k3_moe.tools.plan.planner import Planner
 
     long = kimi_k3_deployment_plans[32].fixed_kv

@@ -10,10 +10,10 @@ import pytest
 
 from vllm_kimi_k3_moe import compat
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, format_named
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment
 
 MLA_LAYERS, KDA_LAYERS = 24, 69
 KV_LORA_RANK, ROPE = 512, 64  # the MLA cache holds 576 values per token
@@ -51,7 +51,7 @@ def test_kv_cache_specs_match_hand_arithmetic(kimi_k3_deployment_plans, tp, bloc
 
 
 def test_fp8_kv_cache_halves_the_mla_bytes(kimi_model):
-    from vllm_kimi_k3_moe.tools.topology import Serving
+    from vllm_kimi_k3_moe.tools.deployment.topology import Serving
 
     result = plan_deployment(
         KIMI_K3_TEXT_CONFIG, Deployment(32), Serving(kv_cache_dtype="fp8")
@@ -130,7 +130,7 @@ def test_default_utilization_is_vllms(kimi_k3_deployment_plans):
 
 @pytest.mark.parametrize("bad", [0, -0.1, 1.01])
 def test_utilization_outside_zero_one_is_refused(bad):
-    from vllm_kimi_k3_moe.tools.gpu_budget import BudgetError
+    from vllm_kimi_k3_moe.tools.deployment.gpu_budget import BudgetError
 
     with pytest.raises(BudgetError, match=r"\(0, 1\]"):
         GpuBudget(80, utilization=bad)
@@ -167,12 +167,12 @@ def test_every_format_gets_its_vllm_method(kimi_model):
     from pathlib import Path
 
     from vllm_kimi_k3_moe.formats import FORMATS, format_of_method
-    from vllm_kimi_k3_moe.tools.build.vllm_config import (
+    from vllm_kimi_k3_moe.tools.deployment.topology import Serving
+    from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
         write_model_dir,
     )
-    from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
+    from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
     from vllm_kimi_k3_moe.tools.plan.planner import kimi_moe_classes
-    from vllm_kimi_k3_moe.tools.topology import Serving
 
     _, fixed_cls = kimi_moe_classes()
     for fmt in FORMATS:
@@ -238,7 +238,7 @@ def test_a_layout_only_the_plugin_builds_is_sized_and_says_so(kimi_model):
     padding, 96 rows each, which vLLM alone's FP8 block method refuses; the
     plugin gives the first 24 GPUs whole 128-row blocks. plan sizes it, and
     vLLM alone's side says it cannot build it (vLLM's own error)."""
-    from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+    from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
     from vllm_kimi_k3_moe.tools.plan.report import table
 
     result = plan_deployment(

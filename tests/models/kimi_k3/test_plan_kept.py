@@ -1,6 +1,7 @@
-"""Asked again, ``plan`` answers from the plans it kept (``tools.remembered``)
-without importing vLLM, byte for byte what the full build printed; another
-question (config contents, arguments) is worked out again."""
+"""Asked again, ``plan`` answers from the plans it kept
+(``tools.deployment.remembered``) without importing vLLM, byte for byte what
+the full build printed; another question (config contents, arguments) is
+worked out again."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import sys
 import pytest
 
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
-from vllm_kimi_k3_moe.tools.cli.plan import Answers, _plan_input
-from vllm_kimi_k3_moe.tools.remembered import answer_key
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.cli.plan import _plan_input, served_model
+from vllm_kimi_k3_moe.tools.deployment.remembered import answer_key
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.plan.answers import Answers
 
 # run in a new process: its output, and whether it imported vLLM or torch
 ASKED_AGAIN = """
@@ -53,7 +55,8 @@ def test_asked_again_prints_the_same_without_vllm(kimi_model, capsys):
 def _key(*arguments: str) -> str:
     args = build_parser().parse_args(["plan", "--gpu", "h20", *arguments])
     asked = _plan_input(args)
-    return answer_key(Answers(args, asked)._question("plan", asked.deployments))
+    answers = Answers(asked, served_model(args.model, args.config), args.gpus_per_node)
+    return answer_key(answers._question("plan", asked.deployments))
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,9 @@ from huggingface_hub.file_download import repo_folder_name
 
 from benchmarks.header_set import write as write_header_set
 from vllm_kimi_k3_moe.tools.cli import main
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 from vllm_kimi_k3_moe.tools.plan.report import as_json, serve_commands
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
-from vllm_kimi_k3_moe.tools.topology import Deployment
 
 TP32 = Deployment(32)
 

@@ -20,7 +20,7 @@ from tests.models.kimi_k3.builders import kimi_k3_text_config
 from vllm_kimi_k3_moe import import_hooks
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import BackendPaddedKimiMoE, apply
 from vllm_kimi_k3_moe.patching import upstream_class
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 ENTRY_POINT = "kimi_k3_moe"
 NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"

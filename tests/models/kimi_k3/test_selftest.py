@@ -25,6 +25,8 @@ from tests.models.kimi_k3.kimi_k3_checkpoint import (
 )
 from tests.test_cli import REPO, run_fresh
 from vllm_kimi_k3_moe.tools import cli
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     SelftestCase,
     deployment_outputs,
@@ -33,8 +35,6 @@ from vllm_kimi_k3_moe.tools.selftest.harness import (
 )
 from vllm_kimi_k3_moe.tools.selftest.report import screen
 from vllm_kimi_k3_moe.tools.selftest.run import run_selftest
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 E8M0_ONE = 127  # an MXFP4 scale byte of 2^0
 

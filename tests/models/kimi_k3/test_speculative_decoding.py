@@ -13,16 +13,19 @@ from pathlib import Path
 import pytest
 
 from vllm_kimi_k3_moe.formats import mxfp4
-from vllm_kimi_k3_moe.tools.build.draft import for_vllm, write_draft_dir
-from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
-from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.cli import main
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.speculation import read_speculative_config
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    KIMI_K3_TEXT_CONFIG,
+    one_layer_of_each,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.meta_rank.draft import for_vllm, write_draft_dir
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
+from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.plan.planner import Planner
-from vllm_kimi_k3_moe.tools.speculation import read_speculative_config
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG, one_layer_of_each
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
 
 DSPARK = {"method": "dspark", "model": "Inferact/Kimi-K3-DSpark"}
 DSPARK_7 = {**DSPARK, "num_speculative_tokens": 7}  # vLLM's recipe
@@ -118,7 +121,7 @@ def test_the_public_dspark_draft_is_the_published_one(kimi_model, two_layers):
     fuses (``context_kv_proj``, loaded from the same checkpoint tensors),
     with the embedding it shares with the target, are the 3.56 B published."""
     text_config, model_dir = two_layers
-    from vllm_kimi_k3_moe.tools.build.draft import own_parameters
+    from vllm_kimi_k3_moe.tools.meta_rank.draft import own_parameters
     from vllm_kimi_k3_moe.tools.plan.planner import kimi_moe_classes
 
     _, fixed = kimi_moe_classes()

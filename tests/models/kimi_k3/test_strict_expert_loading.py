@@ -24,8 +24,8 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     strict_expert_loading as strict_loading,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 
 HIDDEN = k3.SMALL_ROUTED_EXPERT_HIDDEN_SIZE  # 256
 EXPERTS = k3.SMALL_NUM_EXPERTS  # 4

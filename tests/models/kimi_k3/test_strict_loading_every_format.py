@@ -9,7 +9,7 @@ import torch
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
     strict_expert_loading as strict_loading,
 )
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 F8 = torch.float8_e4m3fn
 # Checkpoint tensors of one expert at hidden 256 and intermediate 3072, per

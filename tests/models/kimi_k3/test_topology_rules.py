@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology, validate_topology
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    DeploymentError,
+    Topology,
+    validate_topology,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 
 # Without expert parallelism, 8 to 256 GPUs sharing every expert, with and
 # without vLLM's model-level padding (TP16 and up): where a GPU's even

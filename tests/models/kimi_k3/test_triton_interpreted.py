@@ -36,7 +36,7 @@ run with an FP32 compute type (``InterpretedTriton``: BF16 parameters
 widened exactly after vLLM prepared them, FP32 activations); FP8 layers run
 FP8 inputs into FP32 sums, as on the GPU. The interpreter's FP32 -> FP8
 cast loses the carry of a round-up (127 -> 64): it is redone as a GPU rounds
-(``stand_ins._narrowing_float_cast``), so vLLM's Triton activation
+(``stand_ins.triton_on_cpu._narrowing_float_cast``), so vLLM's Triton activation
 quantization hands the GEMM what it would on the GPU; the share rounds the
 GEMMs' inputs to FP8 the same way, written from the format, not vLLM.
 
@@ -73,10 +73,10 @@ from tests.models.kimi_k3.preparation.harness import (
     rows_held,
 )
 from tests.models.kimi_k3.test_never_worse_matrix import Built, outcome
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.selftest.interpreted_triton import (
     INTERPRETER_ENVIRONMENT,
 )
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 pytestmark = pytest.mark.triton_interpreted
 

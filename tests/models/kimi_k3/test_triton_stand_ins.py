@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import triton_moe_forward_on_cpu
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import triton_moe_forward_on_cpu
 
 
 def test_alignment_groups_every_slot_by_expert_in_whole_blocks():
@@ -66,7 +66,9 @@ def test_narrowing_float_casts_round_to_nearest_with_the_carry():
     import triton.language as tl
     from triton.runtime import interpreter
 
-    from vllm_kimi_k3_moe.tools.build.stand_ins import _narrowing_float_cast
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.triton_on_cpu import (
+        _narrowing_float_cast,
+    )
 
     values = torch.tensor([7.9, 31.0, 127.0, 100.0, 200.0, -154.0, 0.01, 447.0])
     # the e4m3 grid: 8 values a binade, 448 the largest

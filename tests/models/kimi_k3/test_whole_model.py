@@ -11,19 +11,19 @@ import torch
 
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.patching import upstream_class
-from vllm_kimi_k3_moe.tools.build import stand_ins as cpu_stand_ins
-from vllm_kimi_k3_moe.tools.build.allocation import COMPONENTS
-from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
-from vllm_kimi_k3_moe.tools.build.vllm_config import (
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving, Topology
+from vllm_kimi_k3_moe.tools.meta_rank import stand_ins as cpu_stand_ins
+from vllm_kimi_k3_moe.tools.meta_rank.allocation import COMPONENTS
+from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
     write_model_dir,
 )
-from vllm_kimi_k3_moe.tools.build.whole_model import (
+from vllm_kimi_k3_moe.tools.meta_rank.whole_model import (
     RankBuild,
     build_rank,
     kimi_moe_class,
 )
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving, Topology
 
 VOCAB = 163840
 HIDDEN = 7168

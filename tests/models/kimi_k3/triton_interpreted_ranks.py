@@ -67,12 +67,12 @@ def _layer(config: str, experts: int) -> Any:
         PreparationCase,
         checkpoint_format,
     )
+    from vllm_kimi_k3_moe.tools.deployment.topology import Topology
     from vllm_kimi_k3_moe.tools.selftest.harness import PreparedLayer
     from vllm_kimi_k3_moe.tools.selftest.layer import write_layer_config
     from vllm_kimi_k3_moe.tools.selftest.reference import moe_inputs
     from vllm_kimi_k3_moe.tools.selftest.shape import CPU_HIDDEN, MoeShape
     from vllm_kimi_k3_moe.tools.selftest.synthetic import expert_tensors
-    from vllm_kimi_k3_moe.tools.topology import Topology
 
     text_config = {**FEW_EXPERTS, "num_experts_per_token": TOP_K}
     rows = text_config["moe_intermediate_size"]
@@ -161,11 +161,11 @@ def run_case(kimi_model: Any, case: dict[str, Any]) -> dict[str, Any]:
     from tests.models.kimi_k3.builders import NAN_BYTE
     from tests.models.kimi_k3.gpu_stand_ins import uninitialised_memory_reads
     from tests.models.kimi_k3.preparation.harness import PreparationCase
-    from vllm_kimi_k3_moe.tools.build.rank import Rank
+    from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+    from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
     from vllm_kimi_k3_moe.tools.selftest.harness import loaded_rank
     from vllm_kimi_k3_moe.tools.selftest.interpreted_triton import InterpretedTriton
     from vllm_kimi_k3_moe.tools.selftest.reference import relative_error
-    from vllm_kimi_k3_moe.tools.topology import Topology
 
     topology = Topology(**case["topology"])
     gpus = topology.moe_group

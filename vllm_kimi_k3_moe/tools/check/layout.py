@@ -20,7 +20,7 @@ from vllm_kimi_k3_moe.formats.adapters import (
 )
 from vllm_kimi_k3_moe.formats.bf16 import TENSORS as BF16_TENSORS
 from vllm_kimi_k3_moe.formats.layouts import TensorContract
-from vllm_kimi_k3_moe.tools.text_config import (
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
     ConfigFileError,
     declared_quantization_config,
     language_model_fields,

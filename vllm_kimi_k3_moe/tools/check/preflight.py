@@ -50,12 +50,12 @@ from vllm_kimi_k3_moe.tools.check.sharding import (
     gpu_shares,
     stage_shares,
 )
-from vllm_kimi_k3_moe.tools.topology import (
+from vllm_kimi_k3_moe.tools.deployment.topology import (
     DeploymentError,
     Topology,
     validate_backend,
 )
-from vllm_kimi_k3_moe.tools.tp_sizes import validate_with_working_tp_sizes
+from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_with_working_tp_sizes
 
 __all__ = [
     "PreflightInputError",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_kimi_k3_moe.tools.check.layout import KimiK3Layout
-from vllm_kimi_k3_moe.tools.topology import Topology, pipeline_layers
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology, pipeline_layers
 
 
 @dataclass(frozen=True)

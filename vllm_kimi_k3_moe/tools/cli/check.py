@@ -33,21 +33,21 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     positive_int,
     quiet_vllm,
 )
-from vllm_kimi_k3_moe.tools.plan.planner import (
-    MoeMemoryPlan,
-    PlanError,
-    plan_deployment,
-)
-from vllm_kimi_k3_moe.tools.serve_line import (
+from vllm_kimi_k3_moe.tools.deployment.serve_line import (
     named_model,
     read_serve_command,
     serve_words,
 )
-from vllm_kimi_k3_moe.tools.topology import (
+from vllm_kimi_k3_moe.tools.deployment.topology import (
     Deployment,
     DeploymentError,
     Topology,
     validate_prefill_context_parallel,
+)
+from vllm_kimi_k3_moe.tools.plan.planner import (
+    MoeMemoryPlan,
+    PlanError,
+    plan_deployment,
 )
 
 if TYPE_CHECKING:

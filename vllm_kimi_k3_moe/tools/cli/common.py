@@ -8,16 +8,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS
-from vllm_kimi_k3_moe.tools.topology import DeploymentError
+
+# kept importable from here, where the commands find their shared helpers
+from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm  # noqa: F401
 
 PROG = "vllm-kimi-k3-moe"
 USAGE_ERROR = 2
@@ -91,49 +89,6 @@ def config_file(text: str) -> Path:
     return path
 
 
-def max_model_len(text: str) -> int:
-    """vLLM's ``--max-model-len``, read by vLLM's own parser function
-    (``human_readable_int_or_auto``: 131072, 128k = 128000, 128K = 131072,
-    1.5m); ``DeploymentError`` in one line where it refuses. Imports vLLM's
-    argument utilities, and with them torch (seconds): call it after every
-    check that needs no vLLM. vLLM's ``auto`` (-1) is refused too: vLLM
-    picks that length from the GPU it starts on. What no reading of vLLM's
-    takes is refused first, without importing it (``_refuse_non_lengths``)."""
-    _refuse_non_lengths(text)
-    with quiet_vllm():
-        from vllm.utils.argparse_utils import human_readable_int_or_auto
-    where = f"--max-model-len {text!r}"
-    try:
-        value = human_readable_int_or_auto(text)
-    except argparse.ArgumentTypeError as error:  # its own words
-        raise DeploymentError(f"{where}: {error}") from None
-    except ValueError:
-        raise DeploymentError(f"{where} {NOT_A_LENGTH}") from None
-    if value == -1:
-        raise DeploymentError(
-            f"{where}: vLLM picks that length on the GPU at start-up; give one "
-            "(plan reports the longest that fits when a request of it does not)"
-        )
-    if value < 1:
-        raise DeploymentError(f"{where} is not a positive length")
-    return value
-
-
-NOT_A_LENGTH = "is not a length vLLM takes (e.g. 131072, 128k = 128000, 128K = 131072)"
-# Wider than what vLLM's human_readable_int_or_auto reads (a number, with a
-# k/m/g/t suffix or not; int()'s signs and underscores; "auto"), so that
-# only what vLLM refuses too is refused without it (a test holds the two
-# together); vLLM's function still reads the value.
-_MAYBE_A_LENGTH = re.compile(r"[+-]?[\d_.]+[kKmMgGtT]?|auto", re.IGNORECASE)
-
-
-def _refuse_non_lengths(text: str) -> None:
-    """A ``--max-model-len`` no reading of vLLM's takes (a typo: letters,
-    punctuation), refused in one line before vLLM and torch are imported."""
-    if _MAYBE_A_LENGTH.fullmatch(text.strip()) is None:
-        raise DeploymentError(f"--max-model-len {text!r} {NOT_A_LENGTH}")
-
-
 def add_dp_and_ep(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--dp",
@@ -180,37 +135,6 @@ def add_context_parallel(command: argparse.ArgumentParser) -> None:
 def fail(command: str, message: str) -> NoReturn:
     print(f"{PROG} {command}: error: {message}", file=sys.stderr)
     raise SystemExit(USAGE_ERROR)
-
-
-@contextmanager
-def quiet_vllm() -> Iterator[None]:
-    """Importing vLLM and building its model on a machine without a GPU
-    prints lines that are harmless here (``Failed to import from vllm._C``,
-    ``No CUDA runtime is found``, deprecation warnings of torch and its
-    kernel libraries): they go to a temporary file, shown only if the block
-    fails with an error the command does not explain itself. vLLM logs
-    warnings and errors (``VLLM_LOGGING_LEVEL``, unless set) to stderr,
-    never to stdout, which is the command's output."""
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as captured:
-        os.dup2(captured.fileno(), 2)
-        failed = True
-        try:
-            yield
-            failed = False
-        except (SystemExit, ValueError):
-            failed = False  # the command's own one-line errors
-            raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            if failed:
-                captured.seek(0)
-                sys.stderr.write(captured.read().decode(errors="replace"))
 
 
 def add_format_and_backend(command: argparse.ArgumentParser) -> None:

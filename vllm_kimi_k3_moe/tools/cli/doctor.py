@@ -31,11 +31,15 @@ from vllm_kimi_k3_moe.compat import (
     kimi_k3_platform_refusal,
     supported_vllm_series,
 )
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.cli.common import quiet_vllm
+from vllm_kimi_k3_moe.tools.cli.version import (
+    DISTRIBUTION,
+    code_fingerprint,
+    installed_version,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     vllm_without_its_package_initialiser,
 )
-from vllm_kimi_k3_moe.tools.cli.common import quiet_vllm
-from vllm_kimi_k3_moe.tools.cli.version import DISTRIBUTION, installed_version
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -127,6 +131,15 @@ def _why_not(
     return [f"loaded       no: {why}", f"turn it on   VLLM_PLUGINS={fix}, or unset it"]
 
 
+def _code_line() -> str:
+    """The fingerprint of the code this Python runs: run ``doctor`` on every
+    node, and the nodes whose lines match run the same plugin."""
+    return (
+        f"code         {code_fingerprint()} (SHA-256 of the plugin's .py files: "
+        "the same on nodes that run the same plugin)"
+    )
+
+
 def diagnose(environment: dict[str, str] | None = None) -> Diagnosis:
     """Ask vLLM's loader (imports vLLM) under ``environment`` (default: this
     process's); the plugin's own checks of the vLLM release and platform
@@ -137,6 +150,7 @@ def diagnose(environment: dict[str, str] | None = None) -> Diagnosis:
     lines = [
         f"plugin       {DISTRIBUTION} {plugin}"
         + (f"; entry point {entry.name} -> {entry.value} ({GROUP})" if entry else ""),
+        _code_line(),
         f"vLLM         {installed_version('vllm') or 'not installed'} installed; "
         f"the plugin supports {supported_vllm_series()}",
         f"VLLM_PLUGINS {_plugins_setting(environment)}",

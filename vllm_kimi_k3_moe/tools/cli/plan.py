@@ -11,6 +11,10 @@ given a GPU size, the ``vllm serve`` command of each layout that fits: plan
 prints a command only where it says the layout fits. Every input error ends
 the command before vLLM's model is imported (the slow part), in one line
 with exit status 2.
+
+This file parses the arguments and prints; what plan was asked is validated
+in ``tools.plan.asked``, answered in ``tools.plan.answers`` (kept, or worked
+out by the ``Planner``), and rendered by ``tools.plan.report``.
 """
 
 from __future__ import annotations
@@ -18,14 +22,10 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from vllm_kimi_k3_moe.compat import VLLM, builds_dsa_layers
-from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
-from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
 from vllm_kimi_k3_moe.tools.cli.common import (
     CONFIG_JSON,
     PROG,
@@ -36,27 +36,28 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     config_file,
     fail,
     fraction,
-    max_model_len,
     no_background_kernel_builds,
     positive_float,
     positive_int,
-    quiet_vllm,
 )
-from vllm_kimi_k3_moe.tools.gpu_budget import (
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import (
     ACTIVATIONS_GIB,
     CONTEXT_GIB,
     BudgetError,
-    GpuBudget,
 )
-from vllm_kimi_k3_moe.tools.gpus import GPU_PRESETS, GpuError, gpu_preset
-from vllm_kimi_k3_moe.tools.kernel_gpus import (
-    KernelOnGpu,
-    kernel_utilization,
-    refuse_a_kernel_the_gpu_cannot_run,
+from vllm_kimi_k3_moe.tools.deployment.gpus import GPU_PRESETS
+from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import KernelOnGpu
+from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    DEFAULT_MAX_MODEL_LEN,
+    KV_CACHE_DTYPES,
+    DeploymentError,
+    Topology,
 )
-from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
+from vllm_kimi_k3_moe.tools.plan.answers import Answers
+from vllm_kimi_k3_moe.tools.plan.asked import INPUT_ERRORS, PlanInput, plan_input
 from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
-from vllm_kimi_k3_moe.tools.plan.planner import PlanError, Planner
+from vllm_kimi_k3_moe.tools.plan.planner import PlanError
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import (
     advice,
@@ -67,34 +68,9 @@ from vllm_kimi_k3_moe.tools.plan.report import (
 )
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
-from vllm_kimi_k3_moe.tools.remembered import CACHE_VARIABLE, remembered
-from vllm_kimi_k3_moe.tools.speculation import Speculation, read_speculative_config
-from vllm_kimi_k3_moe.tools.text_config import (
-    KIMI_K3_TEXT_CONFIG,
-    ConfigFileError,
-    declared_quantization_config,
-    read_config_document,
-    read_language_model_config,
-)
-from vllm_kimi_k3_moe.tools.topology import (
-    DEFAULT_MAX_MODEL_LEN,
-    KV_CACHE_DTYPES,
-    Deployment,
-    DeploymentError,
-    Serving,
-    Topology,
-    validate,
-    validate_backend,
-    validate_prefill_context_parallel,
-    validate_serving,
-)
-from vllm_kimi_k3_moe.tools.tp_sizes import validate_with_working_tp_sizes
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
-
-DEFAULT_TP_SIZES = (8, 16, 32)
-T = TypeVar("T")
 
 
 def _gpus() -> str:
@@ -261,245 +237,6 @@ def add_command(commands: Subcommands) -> None:
     plan.set_defaults(run=run)
 
 
-@dataclass(frozen=True)
-class PlanInput:
-    """What ``plan`` was asked, validated."""
-
-    text_config: dict[str, Any]
-    quantization: str  # the format's name
-    # --config's own quantization_config; None: the format's published one
-    quantization_config: dict[str, Any] | None
-    quantization_title: str  # how the tables name it
-    deployments: list[Deployment]  # explicit mode; the advisor enumerates
-    serving: Serving
-    budget: GpuBudget | None
-    gpu_title: str | None  # the preset's name, or the memory given, in GB
-    backend: str  # --moe-backend, as vLLM spells it
-    speculation: Speculation | None  # --speculative-config
-
-
-def _budget(
-    args: argparse.Namespace, quantization: str
-) -> tuple[GpuBudget | None, str | None]:
-    if args.gpu is not None and args.gpu_memory_gib is not None:
-        raise BudgetError("give --gpu or --gpu-memory-gib, not both")
-    if args.gpu is not None:
-        preset = gpu_preset(args.gpu)
-        memory, title = preset.memory_gib, preset.title
-    elif args.gpu_memory_gib is not None:
-        # in GB, the unit of the headings it appears in (GB = 10^9 bytes)
-        memory = args.gpu_memory_gib
-        title = f"{memory * 2**30 / 10**9:.1f} GB"
-    else:
-        for option, value in (
-            ("--gpu-memory-utilization", args.gpu_memory_utilization),
-            ("--reserve-gib", args.reserve_gib),
-        ):
-            if value is not None:
-                raise BudgetError(
-                    f"{option} needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
-                )
-        return None, None
-    # None: vLLM's default utilization and plan's estimate of the reserve,
-    # which the installed vLLM decides once it is imported (kv_budget)
-    utilization = args.gpu_memory_utilization
-    if utilization is None:
-        utilization = _kernel_utilization(quantization, args.moe_backend.lower())
-    budget = GpuBudget(memory, utilization, args.reserve_gib)
-    return budget, title
-
-
-def _kernel_utilization(quantization: str, backend: str) -> float | None:
-    """The ``--gpu-memory-utilization`` the kernel needs where it needs one
-    (``kernel_gpus.KERNEL_UTILIZATION``), said on stderr; else None."""
-    utilization = kernel_utilization(quantization, backend)
-    if utilization is not None:
-        print(
-            f"plan: note: --moe-backend {backend} is sized and served at "
-            f"--gpu-memory-utilization {utilization:g}, as vLLM's recipe runs it: "
-            "its kernel allocates about 1.6 GiB outside vLLM's pool on its "
-            "first forward",
-            file=sys.stderr,
-        )
-    return utilization
-
-
-def _note_kv_options_unused(args: argparse.Namespace) -> None:
-    """The KV-cache options change the JSON (its serve commands and
-    ``kv_cache_per_gpu``) but not a table without a GPU size: say so rather
-    than ignore them silently."""
-    given = [
-        option
-        for option, value in (
-            ("--kv-cache-dtype", args.kv_cache_dtype),
-            ("--max-model-len", args.max_model_len),
-        )
-        if value is not None
-    ]
-    if given:
-        print(
-            f"plan: note: {' and '.join(given)} "
-            f"{'size' if len(given) > 1 else 'sizes'} the KV cache, which the "
-            "table shows with a GPU size (--gpu NAME or --gpu-memory-gib X)",
-            file=sys.stderr,
-        )
-
-
-def _note_preset_adapters(fmt: KimiK3Format) -> None:
-    """Without --config a format is sized from its preset
-    ``quantization_config``; whether that quantizes the latent adapters (on
-    every GPU whole: 9.45 GB in BF16) is the assumption that moves the
-    figures most, and a checkpoint's own config may differ: say which."""
-    if not adapters_quantized(fmt.published_quantization_config(), None):
-        return
-    print(
-        f"plan: note: {fmt.name} is sized from plan's preset config, which "
-        "quantizes the latent adapters (routed_expert_down_proj, up_proj) as "
-        "the experts; a checkpoint that keeps them BF16 holds more on every "
-        "GPU: give its config.json (--config DIR) to size it as it is",
-        file=sys.stderr,
-    )
-
-
-def _plan_input(args: argparse.Namespace) -> PlanInput:
-    """Every input error ends the command here, before vLLM's model is
-    imported (a --max-model-len is read last, by vLLM's own parser function)."""
-    try:
-        text_config = (
-            KIMI_K3_TEXT_CONFIG
-            if args.config is None
-            else read_language_model_config(args.config)
-        )
-        fmt, quantization_config, quantization_title = _quantization(args)
-        budget, gpu_title = _budget(args, fmt.name)
-        validate_prefill_context_parallel(args.pcp_size)
-        speculation = (
-            None
-            if args.speculative_config is None
-            else read_speculative_config(args.speculative_config, text_config)
-        )
-        backend = args.moe_backend.lower()
-        if args.gpus is not None:
-            explicit = [
-                option
-                for option, given in (
-                    ("--tp", args.tp_sizes is not None),
-                    ("--pp", args.pp_size != 1),
-                    ("--dp", args.dp_size != 1),
-                    ("--ep", args.expert_parallel),
-                    ("--dcp", args.dcp_size != 1),
-                )
-                if given
-            ]
-            if explicit:
-                raise DeploymentError(
-                    f"--gpus lists every layout itself; drop {', '.join(explicit)}"
-                )
-            if budget is None:
-                raise DeploymentError(
-                    "--gpus needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
-                )
-            validate_backend(fmt.name, backend)
-            deployments, left_out = [], []
-        else:
-            deployments = [
-                Deployment(
-                    tp,
-                    dp_size=args.dp_size,
-                    pp_size=args.pp_size,
-                    expert_parallel=args.expert_parallel,
-                    dcp_size=args.dcp_size,
-                    backend=backend,
-                    quantization=fmt.name,
-                )
-                for tp in args.tp_sizes or DEFAULT_TP_SIZES
-            ]
-            deployments, left_out = _buildable(
-                text_config, deployments, args.tp_sizes is None
-            )
-        default = Serving()
-        serving = Serving(  # --max-model-len last: vLLM's parser imports torch
-            args.kv_cache_dtype or default.kv_cache_dtype,
-            default.max_model_len
-            if args.max_model_len is None
-            # vLLM's own reading, kept: asked again, vLLM is not imported
-            else remembered(
-                ("vLLM's --max-model-len", args.max_model_len),
-                lambda: max_model_len(args.max_model_len),
-            ),
-            args.language_model_only,
-        )
-        validate_serving(serving)
-    except (ConfigFileError, DeploymentError, BudgetError, GpuError, FormatError) as e:
-        fail("plan", str(e))
-    # after every error: those are one line
-    for line in left_out:
-        print(line, file=sys.stderr)
-    if budget is None and not args.json:
-        _note_kv_options_unused(args)
-    if quantization_config is None:
-        _note_preset_adapters(fmt)
-    return PlanInput(
-        text_config,
-        fmt.name,
-        quantization_config,
-        quantization_title,
-        deployments,
-        serving,
-        budget,
-        gpu_title,
-        backend,
-        speculation,
-    )
-
-
-def _quantization(
-    args: argparse.Namespace,
-) -> tuple[KimiK3Format, dict[str, Any] | None, str]:
-    """The format to size, the quantization_config to build it from (None:
-    its published one) and its name for the tables: ``--config``'s own
-    ``quantization_config`` where it declares one (any config vLLM takes:
-    INT4 or INT8 in any group, symmetric or not, AutoAWQ, AutoGPTQ), as vLLM
-    will pick the experts' method, else ``--quantization`` (mxfp4 by
-    default)."""
-    declared = None
-    if args.config is not None:
-        declared = declared_quantization_config(read_config_document(args.config))
-    if declared is None:
-        fmt = format_named(args.quantization or "mxfp4")
-        return fmt, None, fmt.title
-    recognised = recognise(declared, None, str(args.config))
-    if args.quantization not in (None, recognised.format.name):
-        raise DeploymentError(
-            f"--quantization {args.quantization}, but {args.config} declares "
-            f"{recognised.name} ({recognised.format.name}); drop --quantization"
-        )
-    return recognised.format, declared, recognised.name
-
-
-def _buildable(
-    text_config: dict[str, Any], deployments: list[Deployment], defaults: bool
-) -> tuple[list[Deployment], list[str]]:
-    """The deployments vLLM builds. Sizes the operator named must all build
-    (the first that does not is the error); of the default TP sizes, those
-    that do not are left out, each said in a line for stderr, unless none
-    builds (then the first one's reason is the error)."""
-    kept, left_out = [], []
-    for deployment in deployments:
-        try:
-            validate(text_config, deployment)
-        except DeploymentError as error:
-            if not defaults:
-                validate_with_working_tp_sizes(text_config, deployment)
-                raise
-            left_out.append((deployment, error))
-            continue
-        kept.append(deployment)
-    if not kept:
-        raise left_out[0][1]
-    return kept, [f"plan: left out {d.label()}: {error}" for d, error in left_out]
-
-
 def served_model(model: str | None, config: Path | None) -> str:
     """The checkpoint the serve commands name: ``--model``; else the
     directory of the ``config.json`` that ``--config`` read (whose model
@@ -511,111 +248,26 @@ def served_model(model: str | None, config: Path | None) -> str:
     return DEFAULT_MODEL
 
 
-class Answers:
-    """The plans of what ``plan`` was asked: kept from before where the same
-    question was answered on the same installation (``remembered``), else
-    worked out by one ``Planner`` (made, importing vLLM, on the first
-    question not kept)."""
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
 
-    def __init__(self, args: argparse.Namespace, asked: PlanInput) -> None:
-        self._asked = asked
-        self._model = served_model(args.model, args.config)
-        self._gpus_per_node = args.gpus_per_node
-        self._planner: Planner | None = None
 
-    def _question(self, *what: Any) -> tuple[Any, ...]:
-        asked = self._asked
-        return (
-            "plan",
-            asked.text_config,
-            asked.quantization_config,
-            asked.serving,
-            asked.budget,
-            self._model,
-            self._gpus_per_node,
-            asked.speculation,
-            *what,
-        )
-
-    def _worked_out(self, work: Callable[[Planner], T]) -> T:
-        """``work`` on the planner, made on first use (vLLM's output kept
-        off the terminal)."""
-        if self._planner is None:
-            print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
-            asked = self._asked
-            with quiet_vllm():
-                self._planner = Planner(
-                    asked.text_config,
-                    asked.serving,
-                    asked.budget,
-                    self._model,
-                    asked.quantization_config,
-                    self._gpus_per_node,
-                    asked.speculation,
-                )
-        with quiet_vllm():
-            return work(self._planner)
-
-    def advise(
-        self, gpus: int, quantization: str | None = None, backend: str | None = None
-    ) -> tuple[list[DeploymentPlan], list[str]]:
-        """``Planner.advise`` of ``gpus`` GPUs in the format and kernel (by
-        default the asked ones)."""
-        quantization = quantization or self._asked.quantization
-        backend = backend or self._asked.backend
-        return remembered(
-            self._question("advise", gpus, quantization, backend),
-            lambda: self._worked_out(
-                lambda planner: planner.advise(gpus, quantization, backend)
-            ),
-        )
-
-    def plan(self, deployments: list[Deployment]) -> list[DeploymentPlan]:
-        """``Planner.plan`` of each of ``deployments``."""
-        return remembered(
-            self._question("plan", deployments),
-            lambda: self._worked_out(
-                lambda planner: [planner.plan(d) for d in deployments]
-            ),
-        )
-
-    def plan_one(self, deployment: Deployment) -> DeploymentPlan:
-        return self.plan([deployment])[0]
-
-    def kernel_on_gpu(self, gpu: str, deployment: Deployment) -> KernelOnGpu:
-        """vLLM's kernel for ``deployment``'s ``--moe-backend`` on ``gpu``
-        (``DeploymentError`` where it selects none, which is not kept)."""
-        asked = self._asked
-        return remembered(
-            self._question("kernel", gpu, deployment),
-            lambda: self._worked_out(
-                lambda planner: refuse_a_kernel_the_gpu_cannot_run(
-                    asked.text_config, deployment, gpu, asked.quantization_config
-                )
-            ),
-        )
-
-    def note_if_kept(self) -> None:
-        """Say (stderr) that no model was built: every answer was kept."""
-        if self._planner is None:
-            print(
-                "plan: asked before on this vLLM, plugin and config: the kept "
-                f"answer, vLLM not imported ({CACHE_VARIABLE}=off builds again)",
-                file=sys.stderr,
-            )
-
-    def close(self) -> None:
-        if self._planner is not None:
-            self._planner.close()
+def _plan_input(args: argparse.Namespace) -> PlanInput:
+    """Every input error ends the command here, in one line, before vLLM's
+    model is imported."""
+    try:
+        return plan_input(args, _say)
+    except INPUT_ERRORS as error:
+        fail("plan", str(error))
 
 
 def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # plan runs vLLM on the meta device only
     asked = _plan_input(args)
-    answers = Answers(args, asked)
+    answers = Answers(asked, served_model(args.model, args.config), args.gpus_per_node)
     step: list[str] = []
     try:
-        kernel = _refuse_a_kernel_the_gpu_cannot_run(args, asked, answers)
+        kernel = answers.kernel_of_the_asked(args.gpu)
         if args.gpus is not None:
             plans, refused = answers.advise(args.gpus)
             if not fitting(plans):
@@ -731,21 +383,6 @@ def advisor_command(args: argparse.Namespace, gpus: int, **options: str) -> str:
     if args.language_model_only:
         words.append("--language-model-only")
     return shlex.join(words)
-
-
-def _refuse_a_kernel_the_gpu_cannot_run(
-    args: argparse.Namespace, asked: PlanInput, answers: Answers
-) -> KernelOnGpu | None:
-    """With ``--gpu NAME``: vLLM's kernel for ``--moe-backend`` on that
-    GPU; ``DeploymentError`` where it selects none (``kernel_gpus``)."""
-    if args.gpu is None:
-        return None
-    deployment = (
-        asked.deployments[0]
-        if asked.deployments
-        else Deployment(1, backend=asked.backend, quantization=asked.quantization)
-    )
-    return answers.kernel_on_gpu(args.gpu, deployment)
 
 
 def _note_kernel_not_verified(kernel: KernelOnGpu | None, gpu: str) -> None:

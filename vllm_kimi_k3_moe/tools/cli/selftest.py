@@ -26,6 +26,18 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     positive_int,
     quiet_vllm,
 )
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    KIMI_K3_TEXT_CONFIG,
+    ConfigFileError,
+    read_config_document,
+    text_config_fields,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    Deployment,
+    DeploymentError,
+    Topology,
+    validate,
+)
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
     CheckpointInputError,
     ExpertCheckpoint,
@@ -50,18 +62,6 @@ from vllm_kimi_k3_moe.tools.selftest.run import (
     run_selftest,
 )
 from vllm_kimi_k3_moe.tools.selftest.shape import moe_shape
-from vllm_kimi_k3_moe.tools.text_config import (
-    KIMI_K3_TEXT_CONFIG,
-    ConfigFileError,
-    read_config_document,
-    text_config_fields,
-)
-from vllm_kimi_k3_moe.tools.topology import (
-    Deployment,
-    DeploymentError,
-    Topology,
-    validate,
-)
 
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]

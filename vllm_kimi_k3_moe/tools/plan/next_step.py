@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from vllm_kimi_k3_moe.formats import FORMATS
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
-from vllm_kimi_k3_moe.tools.topology import Deployment
 
 # how many GPU counts past the lowest possible one are sized before giving up
 COUNTS_TRIED = 12

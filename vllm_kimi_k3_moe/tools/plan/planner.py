@@ -3,12 +3,12 @@
 For a deployment (TP, PP, DP, expert parallelism, published format and MoE
 kernel) the ``Planner`` builds vLLM 0.33.0's whole Kimi-K3 language model for
 rank 0 on the ``meta`` device twice, as upstream builds it and with this
-plugin (``tools.build.whole_model``), without pipeline parallelism: each
+plugin (``tools.meta_rank.whole_model``), without pipeline parallelism: each
 pipeline stage's share is summed from the per-layer sizes of that build, the
 layers split as vLLM splits them (``get_pp_indices``; embeddings on the first
 stage, ``lm_head`` on the last). The KV cache of each stage comes from the
 specs of the attention layers it holds, sized together by vLLM's own planner
-(``tools.build.kv_cache``). A build is made once per distinct sharding (the
+(``tools.meta_rank.kv_cache``). A build is made once per distinct sharding (the
 whole model per TP; its MLPs per MoE group, TP x DP, and expert
 parallelism) and reused by every layout that shares it.
 ``topology.validate`` refuses, before any build, what vLLM cannot build, so
@@ -28,32 +28,35 @@ import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import KimiK3Format
 from vllm_kimi_k3_moe.patching import upstream_class
-from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, PlacedAllocation
-from vllm_kimi_k3_moe.tools.build.draft import for_vllm, write_draft_dir
-from vllm_kimi_k3_moe.tools.build.kv_cache import KvCachePlanner
-from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
-from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.kv_budget import KvBudget, kv_budget
-from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE, node_split
-from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_commands
-from vllm_kimi_k3_moe.tools.plan.values import (
-    DeploymentPlan,
-    MoeMemoryPlan,
-    StageAllocation,
-)
-from vllm_kimi_k3_moe.tools.speculation import Speculation
-from vllm_kimi_k3_moe.tools.text_config import (
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.kv_budget import KvBudget, kv_budget
+from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE, node_split
+from vllm_kimi_k3_moe.tools.deployment.speculation import Speculation
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
     moe_layer_count,
     one_layer_of_each,
 )
-from vllm_kimi_k3_moe.tools.topology import (
+from vllm_kimi_k3_moe.tools.deployment.topology import (
     Deployment,
     DeploymentError,
     Serving,
     layouts,
     validate,
     validate_serving,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.allocation import (
+    LayerAllocation,
+    PlacedAllocation,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.draft import for_vllm, write_draft_dir
+from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCachePlanner
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
+from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
+from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_commands
+from vllm_kimi_k3_moe.tools.plan.values import (
+    DeploymentPlan,
+    MoeMemoryPlan,
+    StageAllocation,
 )
 
 # What vLLM raises when it cannot build a layer for a deployment.

@@ -10,12 +10,12 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape
-from vllm_kimi_k3_moe.tools.gpu_budget import ACTIVATIONS_GIB, CONTEXT_GIB
-from vllm_kimi_k3_moe.tools.kv_budget import KvBudget
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import ACTIVATIONS_GIB, CONTEXT_GIB
+from vllm_kimi_k3_moe.tools.deployment.kv_budget import KvBudget
+from vllm_kimi_k3_moe.tools.deployment.topology import Serving, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCacheShape
 from vllm_kimi_k3_moe.tools.plan.public_layouts import PublicLayout
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
-from vllm_kimi_k3_moe.tools.topology import Serving, Topology
 
 GB = 10**9
 SERVE_COMMANDS_SHOWN = 3  # the advisor's text; --json has every one

@@ -5,7 +5,7 @@ deployment and how it is served and returns each node's line. Every flag is
 vLLM's own (``EngineArgs.add_cli_args``; the suite parses every line back
 with vLLM's ``vllm serve`` parser and makes vLLM's engine config from it).
 Over several nodes the lines are vLLM's multiprocessing launch
-(``tools/nodes.py``): every node gets the same line with ``--nnodes N
+(``tools/deployment/nodes.py``): every node gets the same line with ``--nnodes N
 --node-rank R --master-addr HEAD``, the nodes other than 0 with
 ``--headless``; ``HEAD`` stands for node 0's address, which the operator
 fills in. The checkpoint's format needs no flag: vLLM reads it from the
@@ -18,9 +18,13 @@ import json
 import shlex
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE, HEAD, node_split
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.nodes import (
+    DEFAULT_GPUS_PER_NODE,
+    HEAD,
+    node_split,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
 
 # What the command names the checkpoint when plan is not told (--model): the
 # release's Hugging Face id, which vllm serve downloads (about 1.5 TB) unless

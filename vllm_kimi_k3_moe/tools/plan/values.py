@@ -1,7 +1,7 @@
 """What ``plan`` reports for one deployment: value types.
 
 Read from vLLM's language model built for rank 0, upstream and with the
-plugin (``tools.build``); rendered by ``report``. Where vLLM alone cannot
+plugin (``tools.meta_rank``); rendered by ``report``. Where vLLM alone cannot
 build a layout the plugin builds (FP8 blocks or INT groups of 128 with every
 expert split 32 ways through data parallelism), its side is None and
 ``MoeMemoryPlan.upstream_refusal`` says why.
@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.tools.build.allocation import LayerAllocation, ModelAllocation
-from vllm_kimi_k3_moe.tools.build.kv_cache import KvCacheShape, KvCapacity
-from vllm_kimi_k3_moe.tools.kv_budget import KvBudget
-from vllm_kimi_k3_moe.tools.nodes import NodeSplit
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.deployment.kv_budget import KvBudget
+from vllm_kimi_k3_moe.tools.deployment.nodes import NodeSplit
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.meta_rank.allocation import LayerAllocation, ModelAllocation
+from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCacheShape, KvCapacity
 
 GB = 10**9  # the unit of every size plan reports per GPU
 

@@ -2,7 +2,7 @@
 
 For each rank (each TP rank of each DP rank: without expert parallelism
 vLLM shards every expert over all of them): pose as that rank
-(``build.rank.simulated_rank``), make its ``VllmConfig``, build its
+(``meta_rank.rank.simulated_rank``), make its ``VllmConfig``, build its
 ``KimiMoE`` through the plugin, load the layer's expert tensors through
 vLLM's loader, set the router's correction bias as a checkpoint does, and
 run the same inputs through the rank's experts (``kernels``: the GPU's
@@ -27,12 +27,14 @@ from typing import TYPE_CHECKING, Any
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.formats import CheckpointFormat, format_named, recognise
 from vllm_kimi_k3_moe.patching import replaced_attributes, upstream_class
-from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
-from vllm_kimi_k3_moe.tools.build.vllm_config import (
+from vllm_kimi_k3_moe.tools.check.layout import MODELOPT_CONFIG_FILE
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
     OnlineQuantization,
     rank_vllm_config,
 )
-from vllm_kimi_k3_moe.tools.check.layout import MODELOPT_CONFIG_FILE
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
     ExpertCheckpoint,
     open_checkpoint,
@@ -57,8 +59,6 @@ from vllm_kimi_k3_moe.tools.selftest.reference import (
 )
 from vllm_kimi_k3_moe.tools.selftest.shape import MoeShape, moe_shape
 from vllm_kimi_k3_moe.tools.selftest.synthetic import write_synthetic_checkpoint
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
-from vllm_kimi_k3_moe.tools.topology import Deployment, Topology
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

@@ -30,7 +30,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import triton_moe_forward_on_cpu
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import triton_moe_forward_on_cpu
 from vllm_kimi_k3_moe.tools.selftest.kernels import (
     RankKernel,
     cpu_selection,
@@ -42,7 +42,7 @@ from vllm_kimi_k3_moe.tools.selftest.kernels import (
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-    from vllm_kimi_k3_moe.tools.topology import Deployment
+    from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 
 # What Triton and vLLM must see when they are imported.
 INTERPRETER_ENVIRONMENT = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}

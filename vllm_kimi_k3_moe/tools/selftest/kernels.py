@@ -43,7 +43,8 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     linear_kernels_on_their_gpu,
     moe_forward_on_cpu,
     moe_kernel_of_the_gpu,
@@ -52,7 +53,6 @@ from vllm_kimi_k3_moe.tools.build.stand_ins import (
 from vllm_kimi_k3_moe.tools.selftest.dequantize import rank_weights
 from vllm_kimi_k3_moe.tools.selftest.layer import kimi_moe, routed_experts
 from vllm_kimi_k3_moe.tools.selftest.reference import BATCH_SIZES
-from vllm_kimi_k3_moe.tools.topology import Deployment
 
 if TYPE_CHECKING:
     import torch

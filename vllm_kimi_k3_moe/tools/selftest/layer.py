@@ -19,11 +19,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    KIMI_K3_TEXT_CONFIG,
+    one_layer_of_each,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import Serving
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import LAYER
 from vllm_kimi_k3_moe.tools.selftest.shape import MoeShape
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_TEXT_CONFIG, one_layer_of_each
-from vllm_kimi_k3_moe.tools.topology import Serving
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

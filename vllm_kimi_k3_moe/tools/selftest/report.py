@@ -16,10 +16,10 @@ from typing import Any
 
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import format_named
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
 from vllm_kimi_k3_moe.tools.selftest.reference import BATCH_SIZES
 from vllm_kimi_k3_moe.tools.selftest.run import SelftestResult
 from vllm_kimi_k3_moe.tools.selftest.timing import REPEATS, ExpertsTime
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
 
 INDENT = " " * 12
 

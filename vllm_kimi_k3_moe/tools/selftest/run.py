@@ -19,7 +19,8 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
-from vllm_kimi_k3_moe.tools.build.rank import Rank
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import ExpertCheckpoint
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     LoadedRank,
@@ -37,7 +38,6 @@ from vllm_kimi_k3_moe.tools.selftest.kernels import KernelPath
 from vllm_kimi_k3_moe.tools.selftest.reference import BATCH_SIZES
 from vllm_kimi_k3_moe.tools.selftest.shape import MoeShape
 from vllm_kimi_k3_moe.tools.selftest.timing import ExpertsTime, experts_times
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 # The layout's error may be this many times the unsharded kernel's: each
 # rank rounds its partial sum, and the ranks' roundings add up.

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 # On a CPU, vLLM's reference kernel and the float64 reference at 3584 wide
 # take minutes per format; 256 is a width every format and kernel accepts

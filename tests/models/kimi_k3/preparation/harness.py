@@ -42,8 +42,12 @@ from vllm_kimi_k3_moe.formats.layouts import (
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     PartitionChoice,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import one_gpu_for_the_data_parallel_group
+from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
+    one_gpu_for_the_data_parallel_group,
+)
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     PreparedLayer,
     SelftestCase,
@@ -58,8 +62,6 @@ from vllm_kimi_k3_moe.tools.selftest.layer import (
 )
 from vllm_kimi_k3_moe.tools.selftest.shape import moe_shape
 from vllm_kimi_k3_moe.tools.selftest.synthetic import expert_tensors
-from vllm_kimi_k3_moe.tools.text_config import KIMI_K3_MOE_FIELDS
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 # Top-2 of 4 experts (2 x top-k, as the selftest builds): the preparation
 # loops over experts alike, and the rows of each are the real ones.

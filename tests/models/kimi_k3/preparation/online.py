@@ -35,9 +35,10 @@ from vllm_kimi_k3_moe.compat import (
 from vllm_kimi_k3_moe.formats import recognise
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import HOPPER
-from vllm_kimi_k3_moe.tools.build.vllm_config import OnlineQuantization
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import HOPPER
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
 from vllm_kimi_k3_moe.tools.selftest.harness import (
     PreparedLayer,
     SelftestCase,
@@ -47,7 +48,6 @@ from vllm_kimi_k3_moe.tools.selftest.harness import (
 from vllm_kimi_k3_moe.tools.selftest.layer import write_layer_config
 from vllm_kimi_k3_moe.tools.selftest.shape import moe_shape
 from vllm_kimi_k3_moe.tools.selftest.synthetic import expert_tensors
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 BLACKWELL = (10, 0)  # nvfp4_per_token's minimum; FlashInfer TRT-LLM, b12x
 
@@ -273,7 +273,7 @@ def _observed(own: Any, into: Quantized) -> Any:
     def process_weights_after_loading(self: Any, layer: Any) -> Any:
         from vllm.model_executor.layers.fused_moe import RoutedExperts
 
-        from vllm_kimi_k3_moe.tools.build.stand_ins import (
+        from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
             one_gpu_for_the_data_parallel_group,
         )
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from tests.models.kimi_k3.gpu_stand_ins import a_cuda_node
 from tests.models.kimi_k3.preparation.online import OnlinePath, bf16_layer
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.build.vllm_config import OnlineQuantization
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
 from vllm_kimi_k3_moe.tools.selftest.harness import vllm_alone
-from vllm_kimi_k3_moe.tools.topology import Topology
 
 
 def build_alone(
@@ -30,12 +30,12 @@ def build_alone(
     instead of the path's if given; None where vLLM refuses."""
     from vllm.config import set_current_vllm_config
 
-    from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
-    from vllm_kimi_k3_moe.tools.build.stand_ins import (
+    from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
         linear_kernels_on_their_gpu,
         moe_kernels_on_their_gpu,
     )
-    from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+    from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
     from vllm_kimi_k3_moe.tools.selftest.layer import (
         build_moe_layers,
         kimi_moe,
@@ -74,8 +74,8 @@ def experts_method_of_flags(
     (``experts_int8``), as a built layer gets it."""
     from vllm.model_executor.layers.fused_moe import RoutedExperts
 
-    from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
-    from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+    from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
+    from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 
     flags = OnlineQuantization(
         quantization, None if moe is None else json.dumps({"moe": moe})

@@ -41,7 +41,7 @@ from tests.models.kimi_k3.preparation.kernel_reads import (
     nonfinite,
 )
 from tests.models.kimi_k3.preparation.stand_ins import humming as stand_in
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 FALLBACK = "MoeWNA16Method"  # AutoAWQ's and AutoGPTQ's fallback kernel
 AWQ_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # AutoAWQ's packing, read back in order

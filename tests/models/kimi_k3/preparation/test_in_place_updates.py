@@ -22,8 +22,8 @@ from tests.models.kimi_k3.preparation.updates import (
     weights_of,
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
-from vllm_kimi_k3_moe.tools.build.vllm_config import OnlineQuantization
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
 
 TP8, TP16, TP32 = Topology(8), Topology(16), Topology(32)
 TP16_DP2 = Topology(16, dp_size=2)

@@ -58,7 +58,7 @@ from tests.models.kimi_k3.preparation.marlin_kernel import (
     nvfp4_scales,
 )
 from tests.models.kimi_k3.preparation.stand_ins.marlin import MARLIN_TILE, unrepacked
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 CONFIGS = (
     "mxfp4",

@@ -28,7 +28,7 @@ from tests.models.kimi_k3.preparation.harness import (
 from tests.models.kimi_k3.preparation.marlin_kernel import MarlinGemm
 from tests.models.kimi_k3.preparation.stand_ins.marlin import unrepacked
 from vllm_kimi_k3_moe.compat import marlin_int8_activations_exist
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,8 @@ from tests.models.kimi_k3.preparation.online_builds import (
     build_alone,
     experts_method_of_flags,
 )
-from vllm_kimi_k3_moe.tools.build.rank import Rank
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 
 
 def last_gpu(topology: Topology) -> Rank:
@@ -273,8 +273,8 @@ def test_the_rule_is_learned_from_what_the_method_quantizes_to(kimi_model, path)
     from vllm_kimi_k3_moe.model_executor.layers.fused_moe import learned_rule
     from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
     from vllm_kimi_k3_moe.patching import replaced_attributes
-    from vllm_kimi_k3_moe.tools.build.rank import simulated_rank
-    from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
+    from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
+    from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 
     topology = Topology(32)
     experts = build_alone(kimi_model, path, path.backends[0], topology)

@@ -31,7 +31,7 @@ from tests.models.kimi_k3.preparation.kernel_inputs import (
     quant_config,
 )
 from tests.models.kimi_k3.preparation.triton_kernel import TritonGemm
-from vllm_kimi_k3_moe.tools.topology import Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 CONFIGS = ("fp8-block", "ct-fp8-channel", "bf16")
 

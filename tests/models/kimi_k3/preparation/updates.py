@@ -37,9 +37,11 @@ from tests.models.kimi_k3.preparation.harness import (
     _layer_topology,
 )
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.build.rank import Rank, simulated_rank
-from vllm_kimi_k3_moe.tools.build.stand_ins import one_gpu_for_the_data_parallel_group
-from vllm_kimi_k3_moe.tools.build.vllm_config import (
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
+    one_gpu_for_the_data_parallel_group,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
     OnlineQuantization,
     rank_vllm_config,
 )

@@ -60,7 +60,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.build.stand_ins import CudaPlatformStandIn
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import CudaPlatformStandIn
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ def loading() -> Iterator[None]:
     """The TP group's device, while a rank's weights are loaded."""
     import torch
 
-    from vllm_kimi_k3_moe.tools.build.rank import GroupStandIn
+    from vllm_kimi_k3_moe.tools.meta_rank.rank import GroupStandIn
 
     with replaced_attributes(GroupStandIn, device=torch.device("cpu")):
         yield

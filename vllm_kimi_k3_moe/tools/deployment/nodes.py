@@ -17,7 +17,7 @@ and held to vLLM's by ``tests/upstream_contract/test_multi_node_vllm.py``:
 
 ``node_split`` picks the fewest nodes of at most ``gpus_per_node`` GPUs each
 that vLLM accepts for a layout; ``tools/plan/serve_command.py`` writes each
-node's line from it and ``tools/build/vllm_config.py`` builds the
+node's line from it and ``tools/meta_rank/vllm_config.py`` builds the
 ``ParallelConfig`` node 0's line makes.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import DeploymentError, Topology
 
 # GPUs per node when plan is not told (--gpus-per-node): an HGX/DGX node.
 DEFAULT_GPUS_PER_NODE = 8

@@ -27,15 +27,22 @@ from typing import Any
 
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.formats import format_named
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    main_moe_layers,
+    one_layer_of_each,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    Deployment,
+    DeploymentError,
+    Serving,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     a_gpu_of_capability,
     runs_on_capability,
 )
-from vllm_kimi_k3_moe.tools.build.vllm_config import write_model_dir
-from vllm_kimi_k3_moe.tools.build.whole_model import build_rank
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
+from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
 from vllm_kimi_k3_moe.tools.plan.planner import BUILD_ERRORS
-from vllm_kimi_k3_moe.tools.text_config import main_moe_layers, one_layer_of_each
-from vllm_kimi_k3_moe.tools.topology import Deployment, DeploymentError, Serving
 
 GPU_CAPABILITY: dict[str, tuple[int, int]] = {
     "h100": (9, 0),

@@ -22,20 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.build.draft import speculative_config
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
-    cuda_extensible_kv_cache,
-    cuda_graph_capture_sizes,
-    cuda_hybrid_kv_cache,
-    the_serving_gpus_capability,
-)
-from vllm_kimi_k3_moe.tools.nodes import (
+from vllm_kimi_k3_moe.tools.deployment.nodes import (
     DEFAULT_GPUS_PER_NODE,
     HEAD,
     MULTI_NODE_DP_BACKEND,
     node_split,
 )
-from vllm_kimi_k3_moe.tools.topology import Serving, Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Serving, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.draft import speculative_config
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
+    cuda_extensible_kv_cache,
+    cuda_graph_capture_sizes,
+    cuda_hybrid_kv_cache,
+    the_serving_gpus_capability,
+)
 
 # Kimi-K3's vision tower as published (MoonViT, 27 layers of 1024): vLLM's
 # KimiK3VisionConfig defaults, which the published vision_config equals.

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_kimi_k3_moe import compat
-from vllm_kimi_k3_moe.tools.gpu_budget import (
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import (
     ACTIVATIONS_GIB,
     CONTEXT_GIB,
     GIB,

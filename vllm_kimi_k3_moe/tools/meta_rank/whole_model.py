@@ -21,18 +21,18 @@ from typing import Any
 
 from vllm_kimi_k3_moe.compat import dsa_topk_indices_buffer
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.build.allocation import (
+from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
+from vllm_kimi_k3_moe.tools.deployment.text_config import main_moe_layers
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.meta_rank.allocation import (
     LayerAllocation,
     ModelAllocation,
     PlacedAllocation,
 )
-from vllm_kimi_k3_moe.tools.build.draft import build_draft, own_parameters
-from vllm_kimi_k3_moe.tools.build.rank import rank_zero_of
-from vllm_kimi_k3_moe.tools.build.stand_ins import whole_model_on_cpu
-from vllm_kimi_k3_moe.tools.build.vllm_config import rank_vllm_config
-from vllm_kimi_k3_moe.tools.nodes import DEFAULT_GPUS_PER_NODE
-from vllm_kimi_k3_moe.tools.text_config import main_moe_layers
-from vllm_kimi_k3_moe.tools.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.meta_rank.draft import build_draft, own_parameters
+from vllm_kimi_k3_moe.tools.meta_rank.rank import rank_zero_of
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import whole_model_on_cpu
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 
 
 @contextmanager

@@ -23,11 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import (
+from vllm_kimi_k3_moe.tools.deployment.speculation import CONFIG_FILE, Speculation
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     cuda_hybrid_kv_cache,
     weightless_model_loader,
 )
-from vllm_kimi_k3_moe.tools.speculation import CONFIG_FILE, Speculation
 
 
 def for_vllm(speculation: Speculation, draft_dir: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import kda_prefill_kernel_of_the_gpu
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import kda_prefill_kernel_of_the_gpu
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from vllm_kimi_k3_moe.tools.build.stand_ins import a_cuda_platform_for_the_parser
-from vllm_kimi_k3_moe.tools.nodes import NodeSplit, validate_launch
-from vllm_kimi_k3_moe.tools.topology import DeploymentError, Topology
+from vllm_kimi_k3_moe.tools.deployment.nodes import NodeSplit, validate_launch
+from vllm_kimi_k3_moe.tools.deployment.topology import DeploymentError, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_cuda_platform_for_the_parser
 
 
 class ServeCommandError(DeploymentError):

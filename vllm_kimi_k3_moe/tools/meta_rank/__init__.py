@@ -1,11 +1,14 @@
-"""Build vLLM's real Kimi-K3 model for one rank of a deployment, on a CPU.
+"""One GPU rank, on the meta device: vLLM's real Kimi-K3 model built as one
+rank of a deployment builds it on its GPU, on a CPU, allocating nothing (the
+tools' base layer; what a CPU lacks is stood in, below).
 
 Offline only (``plan``, ``check --moe-backend`` and ``--serve-command``,
 ``selftest``, the test suite): nothing here runs in a serving process.
 ``vllm_config`` makes the ``VllmConfig`` ``vllm serve`` would, ``rank``
 poses the process as a rank, ``whole_model`` builds the language model on
 ``meta`` and ``allocation`` reads what it allocates, ``kv_cache`` sizes the
-KV cache with vLLM's own planner.
+KV cache with vLLM's own planner; ``quiet`` keeps vLLM's output off the
+terminal meanwhile.
 
 Stand-in ledger
 ---------------

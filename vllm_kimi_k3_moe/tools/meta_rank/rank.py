@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.build.stand_ins import moe_kernel_of_the_gpu
-from vllm_kimi_k3_moe.tools.topology import Deployment, Topology
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Topology
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import moe_kernel_of_the_gpu
 
 
 @dataclass(frozen=True)

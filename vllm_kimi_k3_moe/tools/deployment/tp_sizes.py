@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.topology import (
+from vllm_kimi_k3_moe.tools.deployment.topology import (
     DeploymentError,
     Topology,
     validate_topology,

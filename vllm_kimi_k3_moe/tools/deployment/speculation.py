@@ -1,7 +1,7 @@
 """``--speculative-config``: the draft a Kimi-K3 deployment speculates with.
 
 ``plan`` takes vLLM's ``--speculative-config`` JSON as ``vllm serve`` does
-and sizes what the draft adds: vLLM builds it (``tools/build/draft.py``)
+and sizes what the draft adds: vLLM builds it (``tools/meta_rank/draft.py``)
 from its ``config.json``. Before vLLM is imported this refuses, in one line,
 what cannot be sized: JSON that is not an object, a method ``plan`` does not
 size (DSpark and Kimi-K3's MTP are), a DSpark spec without its draft, a
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_kimi_k3_moe.tools.public_drafts import NOT_KEPT, PUBLIC_DRAFTS
-from vllm_kimi_k3_moe.tools.topology import DeploymentError
+from vllm_kimi_k3_moe.tools.deployment.public_drafts import NOT_KEPT, PUBLIC_DRAFTS
+from vllm_kimi_k3_moe.tools.deployment.topology import DeploymentError
 
 # The methods plan sizes: Kimi-K3's drafts in vLLM 0.33.0
 # (models/kimi_k3/nvidia/dspark_mla.py, models/kimi_k3/nvidia/mtp.py).

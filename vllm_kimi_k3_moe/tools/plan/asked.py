@@ -1,0 +1,288 @@
+"""What ``plan`` was asked, validated: the text config, the format and its
+``quantization_config``, the GPU budget, the layouts (of the explicit mode;
+the advisor enumerates its own), the serving options and the draft.
+
+Every input error is raised here (``INPUT_ERRORS``, one line each) before
+vLLM's model is imported; the command line ends on it. What the operator
+should know about the question (a TP size left out, an option that changes
+nothing here, a preset's assumption) is said through the caller's ``say``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
+from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import BudgetError, GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpus import GpuError, gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import kernel_utilization
+from vllm_kimi_k3_moe.tools.deployment.max_model_len import max_model_len
+from vllm_kimi_k3_moe.tools.deployment.remembered import remembered
+from vllm_kimi_k3_moe.tools.deployment.speculation import (
+    Speculation,
+    read_speculative_config,
+)
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    KIMI_K3_TEXT_CONFIG,
+    ConfigFileError,
+    declared_quantization_config,
+    read_config_document,
+    read_language_model_config,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    Deployment,
+    DeploymentError,
+    Serving,
+    validate,
+    validate_backend,
+    validate_prefill_context_parallel,
+    validate_serving,
+)
+from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_with_working_tp_sizes
+
+DEFAULT_TP_SIZES = (8, 16, 32)
+# the errors of a question plan cannot size, each one line for the operator
+INPUT_ERRORS = (ConfigFileError, DeploymentError, BudgetError, GpuError, FormatError)
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """What ``plan`` was asked, validated."""
+
+    text_config: dict[str, Any]
+    quantization: str  # the format's name
+    # --config's own quantization_config; None: the format's published one
+    quantization_config: dict[str, Any] | None
+    quantization_title: str  # how the tables name it
+    deployments: list[Deployment]  # explicit mode; the advisor enumerates
+    serving: Serving
+    budget: GpuBudget | None
+    gpu_title: str | None  # the preset's name, or the memory given, in GB
+    backend: str  # --moe-backend, as vLLM spells it
+    speculation: Speculation | None  # --speculative-config
+
+
+def _budget(
+    args: argparse.Namespace, quantization: str, say: Callable[[str], None]
+) -> tuple[GpuBudget | None, str | None]:
+    if args.gpu is not None and args.gpu_memory_gib is not None:
+        raise BudgetError("give --gpu or --gpu-memory-gib, not both")
+    if args.gpu is not None:
+        preset = gpu_preset(args.gpu)
+        memory, title = preset.memory_gib, preset.title
+    elif args.gpu_memory_gib is not None:
+        # in GB, the unit of the headings it appears in (GB = 10^9 bytes)
+        memory = args.gpu_memory_gib
+        title = f"{memory * 2**30 / 10**9:.1f} GB"
+    else:
+        for option, value in (
+            ("--gpu-memory-utilization", args.gpu_memory_utilization),
+            ("--reserve-gib", args.reserve_gib),
+        ):
+            if value is not None:
+                raise BudgetError(
+                    f"{option} needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
+                )
+        return None, None
+    # None: vLLM's default utilization and plan's estimate of the reserve,
+    # which the installed vLLM decides once it is imported (kv_budget)
+    utilization = args.gpu_memory_utilization
+    if utilization is None:
+        utilization = _kernel_utilization(quantization, args.moe_backend.lower(), say)
+    budget = GpuBudget(memory, utilization, args.reserve_gib)
+    return budget, title
+
+
+def _kernel_utilization(
+    quantization: str, backend: str, say: Callable[[str], None]
+) -> float | None:
+    """The ``--gpu-memory-utilization`` the kernel needs where it needs one
+    (``kernel_gpus.KERNEL_UTILIZATION``), said; else None."""
+    utilization = kernel_utilization(quantization, backend)
+    if utilization is not None:
+        say(
+            f"plan: note: --moe-backend {backend} is sized and served at "
+            f"--gpu-memory-utilization {utilization:g}, as vLLM's recipe runs it: "
+            "its kernel allocates about 1.6 GiB outside vLLM's pool on its "
+            "first forward"
+        )
+    return utilization
+
+
+def _note_kv_options_unused(
+    args: argparse.Namespace, say: Callable[[str], None]
+) -> None:
+    """The KV-cache options change the JSON (its serve commands and
+    ``kv_cache_per_gpu``) but not a table without a GPU size: say so rather
+    than ignore them silently."""
+    given = [
+        option
+        for option, value in (
+            ("--kv-cache-dtype", args.kv_cache_dtype),
+            ("--max-model-len", args.max_model_len),
+        )
+        if value is not None
+    ]
+    if given:
+        say(
+            f"plan: note: {' and '.join(given)} "
+            f"{'size' if len(given) > 1 else 'sizes'} the KV cache, which the "
+            "table shows with a GPU size (--gpu NAME or --gpu-memory-gib X)"
+        )
+
+
+def _note_preset_adapters(fmt: KimiK3Format, say: Callable[[str], None]) -> None:
+    """Without --config a format is sized from its preset
+    ``quantization_config``; whether that quantizes the latent adapters (on
+    every GPU whole: 9.45 GB in BF16) is the assumption that moves the
+    figures most, and a checkpoint's own config may differ: say which."""
+    if not adapters_quantized(fmt.published_quantization_config(), None):
+        return
+    say(
+        f"plan: note: {fmt.name} is sized from plan's preset config, which "
+        "quantizes the latent adapters (routed_expert_down_proj, up_proj) as "
+        "the experts; a checkpoint that keeps them BF16 holds more on every "
+        "GPU: give its config.json (--config DIR) to size it as it is"
+    )
+
+
+def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInput:
+    """What ``plan`` was asked (``args``, as its parser read them), validated
+    before vLLM's model is imported (a --max-model-len is read last, by
+    vLLM's own parser function); what the operator should know, ``say``s.
+    Raises ``INPUT_ERRORS`` (one line each)."""
+    text_config = (
+        KIMI_K3_TEXT_CONFIG
+        if args.config is None
+        else read_language_model_config(args.config)
+    )
+    fmt, quantization_config, quantization_title = _quantization(args)
+    budget, gpu_title = _budget(args, fmt.name, say)
+    validate_prefill_context_parallel(args.pcp_size)
+    speculation = (
+        None
+        if args.speculative_config is None
+        else read_speculative_config(args.speculative_config, text_config)
+    )
+    backend = args.moe_backend.lower()
+    if args.gpus is not None:
+        explicit = [
+            option
+            for option, given in (
+                ("--tp", args.tp_sizes is not None),
+                ("--pp", args.pp_size != 1),
+                ("--dp", args.dp_size != 1),
+                ("--ep", args.expert_parallel),
+                ("--dcp", args.dcp_size != 1),
+            )
+            if given
+        ]
+        if explicit:
+            raise DeploymentError(
+                f"--gpus lists every layout itself; drop {', '.join(explicit)}"
+            )
+        if budget is None:
+            raise DeploymentError(
+                "--gpus needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
+            )
+        validate_backend(fmt.name, backend)
+        deployments, left_out = [], []
+    else:
+        deployments = [
+            Deployment(
+                tp,
+                dp_size=args.dp_size,
+                pp_size=args.pp_size,
+                expert_parallel=args.expert_parallel,
+                dcp_size=args.dcp_size,
+                backend=backend,
+                quantization=fmt.name,
+            )
+            for tp in args.tp_sizes or DEFAULT_TP_SIZES
+        ]
+        deployments, left_out = _buildable(
+            text_config, deployments, args.tp_sizes is None
+        )
+    default = Serving()
+    serving = Serving(  # --max-model-len last: vLLM's parser imports torch
+        args.kv_cache_dtype or default.kv_cache_dtype,
+        default.max_model_len
+        if args.max_model_len is None
+        # vLLM's own reading, kept: asked again, vLLM is not imported
+        else remembered(
+            ("vLLM's --max-model-len", args.max_model_len),
+            lambda: max_model_len(args.max_model_len),
+        ),
+        args.language_model_only,
+    )
+    validate_serving(serving)
+    # after every error: those are one line
+    for line in left_out:
+        say(line)
+    if budget is None and not args.json:
+        _note_kv_options_unused(args, say)
+    if quantization_config is None:
+        _note_preset_adapters(fmt, say)
+    return PlanInput(
+        text_config,
+        fmt.name,
+        quantization_config,
+        quantization_title,
+        deployments,
+        serving,
+        budget,
+        gpu_title,
+        backend,
+        speculation,
+    )
+
+
+def _quantization(
+    args: argparse.Namespace,
+) -> tuple[KimiK3Format, dict[str, Any] | None, str]:
+    """The format to size, the quantization_config to build it from (None:
+    its published one) and its name for the tables: ``--config``'s own
+    ``quantization_config`` where it declares one (any config vLLM takes:
+    INT4 or INT8 in any group, symmetric or not, AutoAWQ, AutoGPTQ), as vLLM
+    will pick the experts' method, else ``--quantization`` (mxfp4 by
+    default)."""
+    declared = None
+    if args.config is not None:
+        declared = declared_quantization_config(read_config_document(args.config))
+    if declared is None:
+        fmt = format_named(args.quantization or "mxfp4")
+        return fmt, None, fmt.title
+    recognised = recognise(declared, None, str(args.config))
+    if args.quantization not in (None, recognised.format.name):
+        raise DeploymentError(
+            f"--quantization {args.quantization}, but {args.config} declares "
+            f"{recognised.name} ({recognised.format.name}); drop --quantization"
+        )
+    return recognised.format, declared, recognised.name
+
+
+def _buildable(
+    text_config: dict[str, Any], deployments: list[Deployment], defaults: bool
+) -> tuple[list[Deployment], list[str]]:
+    """The deployments vLLM builds. Sizes the operator named must all build
+    (the first that does not is the error); of the default TP sizes, those
+    that do not are left out, each said in a line for stderr, unless none
+    builds (then the first one's reason is the error)."""
+    kept, left_out = [], []
+    for deployment in deployments:
+        try:
+            validate(text_config, deployment)
+        except DeploymentError as error:
+            if not defaults:
+                validate_with_working_tp_sizes(text_config, deployment)
+                raise
+            left_out.append((deployment, error))
+            continue
+        kept.append(deployment)
+    if not kept:
+        raise left_out[0][1]
+    return kept, [f"plan: left out {d.label()}: {error}" for d, error in left_out]
