@@ -144,6 +144,12 @@ class PreparationCase:
             f"GPU {self.rank} ({self.rows} rows held)"
         )
 
+    def gpu(self) -> Rank:
+        """The GPU ``rank`` names: TP rank ``rank % TP`` of DP rank
+        ``rank // TP``."""
+        tp = self.topology.tp_size
+        return Rank(self.topology, tp_rank=self.rank % tp, dp_rank=self.rank // tp)
+
     def selftest_case(self) -> SelftestCase:
         config = QUANTIZATION_CONFIGS[self.config]
         if self.config in UNRECOGNISED:
@@ -250,12 +256,7 @@ def prepare_rank(kimi_model: ModuleType, case: PreparationCase) -> PreparedRank:
     selftest = case.selftest_case()
     layer = _layer(case.config, _layer_topology(case.topology))
     path = PreparedOnCpu()
-    topology = case.topology
-    rank = Rank(
-        topology,
-        tp_rank=case.rank % topology.tp_size,
-        dp_rank=case.rank // topology.tp_size,
-    )
+    rank = case.gpu()
     with loaded_rank(
         path, selftest, kimi_model, layer, rank, building=stand_ins.loading
     ) as loaded:
@@ -269,12 +270,7 @@ def prepare_vllm_alone_rank(kimi_model: ModuleType, case: PreparationCase) -> An
     """``case``'s GPU as vLLM alone builds, loads and prepares it (the plugin
     taken out of the process): its routed experts."""
     layer = _layer(case.config, _layer_topology(case.topology))
-    topology = case.topology
-    rank = Rank(
-        topology,
-        tp_rank=case.rank % topology.tp_size,
-        dp_rank=case.rank // topology.tp_size,
-    )
+    rank = case.gpu()
     with (
         vllm_alone(kimi_model),
         loaded_rank(

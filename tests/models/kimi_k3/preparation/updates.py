@@ -37,7 +37,7 @@ from tests.models.kimi_k3.preparation.harness import (
     _layer_topology,
 )
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
+from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     one_gpu_for_the_data_parallel_group,
 )
@@ -136,11 +136,7 @@ def served_rank(
     layer = _layer(case.config, _layer_topology(case.topology))
     selftest = case.selftest_case()
     topology = case.topology
-    rank = Rank(
-        topology,
-        tp_rank=case.rank % topology.tp_size,
-        dp_rank=case.rank // topology.tp_size,
-    )
+    rank = case.gpu()
     with (
         random_uninitialised_memory(seed),
         simulated_rank(rank),
