@@ -88,6 +88,7 @@ from types import ModuleType
 
 from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES, kimi_k3_platform_refusal
 from vllm_kimi_k3_moe.import_hooks import call_after_import, remove_after_import
+from vllm_kimi_k3_moe.verification import verdict
 
 __all__ = ["register", "unregister"]
 
@@ -152,8 +153,6 @@ def _verified_patches() -> tuple[str, ...]:
     if not _decided:
         try:
             from vllm.version import __version__
-
-            from vllm_kimi_k3_moe.verification import verdict
 
             verdicts = verdict.judge_all([patch for _, patch in PATCHES])
             plain = __version__ in VERIFIED_VLLM_RELEASES

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_k3_moe import PATCHES
 from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES
 from vllm_kimi_k3_moe.verification import targets as upstream
 from vllm_kimi_k3_moe.verification.verdict import signature_digest
@@ -42,8 +43,6 @@ def code_of(patch: str) -> dict[str, Any]:
 
 def main() -> int:
     from vllm.version import __version__
-
-    from vllm_kimi_k3_moe import PATCHES
 
     if __version__ not in VERIFIED_VLLM_RELEASES:
         print(f"vLLM {__version__} is not a verified release", file=sys.stderr)

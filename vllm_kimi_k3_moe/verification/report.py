@@ -10,14 +10,14 @@ import json
 import sys
 from typing import Any
 
+from vllm_kimi_k3_moe import PATCHES
+from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES
+from vllm_kimi_k3_moe.verification import verdict
+
 
 def report() -> dict[str, Any]:
     """Each fix's line, and the one line the plugin logs (None: none)."""
     from vllm.version import __version__
-
-    from vllm_kimi_k3_moe import PATCHES
-    from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES
-    from vllm_kimi_k3_moe.verification import verdict
 
     verdicts = verdict.judge_all([patch for _, patch in PATCHES])
     decision = verdict.decide(

@@ -268,15 +268,18 @@ def test_valid_tensor_reaches_upstream_loader_as_is(
     build_kimi_moe, checkpoint, monkeypatch
 ):
     """No copy on the way: upstream's loader receives the checkpoint tensor."""
-    experts = build(build_kimi_moe)
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
     received = []
-    upstream_loader = experts.weight_loader
+    upstream_loader = RoutedExperts.weight_loader
 
-    def spy(param, loaded_weight, *args, **kwargs):
+    def spy(self, param, loaded_weight, *args, **kwargs):
         received.append(loaded_weight)
-        return upstream_loader(param, loaded_weight, *args, **kwargs)
+        return upstream_loader(self, param, loaded_weight, *args, **kwargs)
 
-    monkeypatch.setattr(experts, "weight_loader", spy)
+    # before the build: each parameter's loader is the layer's, bound there
+    monkeypatch.setattr(RoutedExperts, "weight_loader", spy)
+    experts = build(build_kimi_moe)
     load_checkpoint(experts, checkpoint)
     assert len(received) == len(checkpoint)
     assert all(a is b for a, b in zip(received, checkpoint.values(), strict=True))

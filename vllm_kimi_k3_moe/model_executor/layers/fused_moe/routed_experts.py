@@ -133,6 +133,9 @@ from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
     KimiMoEBuild,
     current_kimi_moe_build,
 )
+from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
+    in_vllm as model_fix_in_vllm,
+)
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
 
 __all__ = ["PartitionChoice", "apply", "revert", "zero_expert_tensors"]
@@ -291,6 +294,4 @@ def relied_on(find: Callable[[str], Any]) -> str | None:
 def in_vllm(find: Callable[[str], Any]) -> str | None:
     """With vLLM's own ``KimiMoE`` giving the logical size, each method pads
     for its kernel in vLLM itself: the partition is vLLM's (the same PR)."""
-    from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model
-
-    return model.in_vllm(find)
+    return model_fix_in_vllm(find)

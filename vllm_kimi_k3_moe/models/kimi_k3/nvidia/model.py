@@ -54,6 +54,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kimi_k3_moe.patching import add_subclass_layer, remove_subclass_layer
+from vllm_kimi_k3_moe.verification.targets import keyword_arguments
 
 KIMI_MOE_INIT = "vllm.models.kimi_k3.nvidia.model:KimiMoE.__init__"
 # What the patch replaces or relies on (``vllm_kimi_k3_moe.verification``).
@@ -133,8 +134,6 @@ def relied_on(find: Callable[[str], Any]) -> str | None:
 def in_vllm(find: Callable[[str], Any]) -> str | None:
     """vLLM's own ``KimiMoE`` hands its regular ``FusedMoEFactory`` another
     size than the model-level padded one: the upstream fix."""
-    from vllm_kimi_k3_moe.verification.targets import keyword_arguments
-
     given = keyword_arguments(KIMI_MOE_INIT, "FusedMoEFactory", "intermediate_size")
     if given and all(PADDED not in g for g in given):
         return f"KimiMoE gives FusedMoEFactory intermediate_size={given[0]}"

@@ -49,6 +49,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kimi_k3_moe.patching import replaced_attributes, unwrap_method, wrap_method
+from vllm_kimi_k3_moe.verification.targets import keyword_arguments
 
 PREPARATIONS = ("_process_weights_marlin", "_process_awq_weights_marlin")
 _ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
@@ -69,8 +70,6 @@ def relied_on(find: Callable[[str], Any]) -> str | None:
 
 def in_vllm(find: Callable[[str], Any]) -> str | None:
     """vLLM's own preparations permute w13's scales for the expert width."""
-    from vllm_kimi_k3_moe.verification.targets import keyword_arguments
-
     firsts = [keyword_arguments(t, PERMUTE, "size_k")[:1] for t in TARGETS]
     if all(first and first[0] != W13_SIZE_K for first in firsts):
         return f"w13's scales are permuted with size_k={firsts[0][0]}"
