@@ -17,6 +17,14 @@ Each case changes what a real release, nightly or fork changes:
   ``oracle/wna16.py``, every import of it rewritten.
 - ``in-tree``: the in-tree patch for the release (``upstream/vllm-*.patch``)
   applied: vLLM's own layer gives the backend's partition and zero pads.
+- ``nightly-commented``: a nightly whose ``RoutedExperts.__init__`` has one
+  more comment: other code with every check passing, so the first layer
+  built proves the fixes on a small layer (FP8 block at TP32), which holds.
+- ``nightly-class-call``: a nightly whose ``RoutedExperts.__init__`` calls
+  ``create_weights`` through the method's class: every check on the code
+  passes, but the plugin's ``create_weights`` (zero pads, the rows held)
+  is never called; the first layer's small copy (NVFP4 at TP32, allocated
+  with ``torch.empty``) holds unwritten memory in its pads.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ class Drift:
     edits: dict[str, Edit] = field(default_factory=dict)  # path -> new text
     moves: dict[str, str] = field(default_factory=dict)  # module file moved
     in_tree: bool = False  # the release's in-tree patch applied
+    # "format | backend | TPn" the process builds first: the deployment whose
+    # first layer proves the fixes where the code is not a verified release's
+    first: str | None = None
 
 
 def _next_release() -> str:
@@ -74,7 +85,21 @@ def _one_more_argument(text: str) -> str:
     return changed
 
 
+def _replaced(old: str, new: str) -> Edit:
+    def edit(text: str) -> str:
+        assert old in text, f"not in the file: {old}"
+        return text.replace(old, new)
+
+    return edit
+
+
 RENAMED_BY = (ROUTED_EXPERTS, "vllm/models/deepseek_v4/amd/model.py")
+GET_METHOD = "        self.quant_method = self._get_quant_method("
+CREATE = "self.quant_method.create_weights(layer=self, **moe_quant_params)"
+CLASS_CREATE = (
+    "type(self.quant_method).create_weights(\n"
+    "            self.quant_method, layer=self, **moe_quant_params\n        )"
+)
 DRIFTS = (
     Drift("release", _next_release()),
     Drift(
@@ -85,6 +110,18 @@ DRIFTS = (
     Drift("signature-changed", _nightly(), {DEFAULT_LOADER: _one_more_argument}),
     Drift("module-moved", _nightly(), moves={INT_WNA16: MOVED_TO}),
     Drift("in-tree", None, in_tree=True),
+    Drift(
+        "nightly-commented",
+        _nightly(),
+        {ROUTED_EXPERTS: _replaced(GET_METHOD, f"        # nightly\n{GET_METHOD}")},
+        first="fp8-block | triton | TP32",
+    ),
+    Drift(
+        "nightly-class-call",
+        _nightly(),
+        {ROUTED_EXPERTS: _replaced(CREATE, CLASS_CREATE)},
+        first="nvfp4 | cutlass | TP32",
+    ),
 )
 
 

@@ -20,6 +20,7 @@ import importlib
 import json
 import logging
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 TOPOLOGIES = (16, 32)  # where vLLM alone pads to 256 and the fix matters
+FIRST = "DRIFT_FIRST"  # "format | backend | TPn": the deployment, built first
 
 
 class Lines(logging.Handler):
@@ -43,23 +45,30 @@ class Lines(logging.Handler):
             self.lines.append((record.levelname, message))
 
 
-def builds(model: Any) -> dict[str, Any]:
-    """Rank 0's partition per (format, backend, TP), or the error raised."""
+def build(model: Any, key: str) -> Any:
+    """Rank 0's partition of ``key`` ("format | backend | TPn"), or the error
+    raised."""
     from upstream import partition_matrix as matrix
     from upstream import project_helpers as helpers
 
-    built: dict[str, Any] = {}
-    for fmt, backend, _ in helpers.PARTITIONS:
-        for tp in TOPOLOGIES:
-            key = f"{fmt} | {backend} | TP{tp}"
-            try:
-                experts = matrix.build_experts(
-                    model, fmt, backend, helpers.Topology(tp), small=False
-                )
-                built[key] = experts.intermediate_size_per_partition
-            except Exception as error:
-                built[key] = f"{type(error).__name__}: {error}"
-    return built
+    fmt, backend, tp = key.split(" | ")
+    topology = helpers.Topology(int(tp.removeprefix("TP")))
+    try:
+        experts = matrix.build_experts(model, fmt, backend, topology, small=False)
+        return experts.intermediate_size_per_partition
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def builds(model: Any) -> dict[str, Any]:
+    """Rank 0's partition per (format, backend, TP), or the error raised."""
+    from upstream import project_helpers as helpers
+
+    return {
+        key: build(model, key)
+        for fmt, backend, _ in helpers.PARTITIONS
+        for key in (f"{fmt} | {backend} | TP{tp}" for tp in TOPOLOGIES)
+    }
 
 
 def fp8_block_forward_errors(model: Any) -> dict[str, float]:
@@ -77,6 +86,14 @@ def fp8_block_forward_errors(model: Any) -> dict[str, float]:
     return {"tolerance": forward.TOLERANCE, **{k: float(v) for k, v in errors.items()}}
 
 
+def applied_now() -> list[str]:
+    """The fixes the plugin has on now (none once it stepped aside)."""
+    import vllm_kimi_k3_moe
+
+    on = vllm_kimi_k3_moe._decided[0]
+    return sorted(patch for _, patch in vllm_kimi_k3_moe.PATCHES if patch in on)
+
+
 def main() -> int:
     import vllm.version
     from vllm.plugins import load_general_plugins
@@ -92,21 +109,21 @@ def main() -> int:
     vllm_kimi_k3_moe.logger.setLevel(logging.INFO)
     load_general_plugins()
     model = importlib.import_module(matrix.KIMI_K3_NVIDIA_MODEL)
-    applied = sorted(
-        patch
-        for _, patch in vllm_kimi_k3_moe.PATCHES
-        if patch in vllm_kimi_k3_moe._decided[0]
-    )
     report: dict[str, Any] = {
         "version": vllm.version.__version__,
         "vllm_file": vllm.__file__,
         "lines": lines.lines,
-        "applied": applied,
+        "applied": applied_now(),
         "form": matrix.form(model),
         # what doctor prints on this vLLM (judged again, after the plugin's)
         "doctor": verification_report(),
     }
+    first = os.environ.get(FIRST)
     with helpers.moe_kernels_on_their_gpu():
+        if first:  # the deployment: its first layer proves unverified code
+            report["first"] = build(model, first)
+            report["applied"] = applied_now()
+            report["form"] = matrix.form(model)
         report["with_plugin"] = builds(model)
         if report["form"] == "plugin":
             errors = fp8_block_forward_errors(model)
@@ -115,11 +132,14 @@ def main() -> int:
                 for k, v in errors.items()
                 if k != "tolerance"
             )
-        if applied:
+        if report["applied"]:
             vllm_kimi_k3_moe.unregister()
             report["alone"] = builds(model)
         else:  # nothing went on: these were vLLM alone's builds
             report["alone"] = report["with_plugin"]
+        if first:
+            vllm_kimi_k3_moe.unregister()
+            report["first_alone"] = build(model, first)
     print(json.dumps(report))
     return 0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.drift.copies import DRIFTS, Drift, drifted_copy
+from tests.drift.in_copy import FIRST
 from upstream.project_helpers import PARTITIONS
 
 REPO = Path(__file__).parents[2]
@@ -47,6 +48,20 @@ EXPECTED = {
         "INFO",
         ["already in vLLM, not applied: model", "routed_experts", "int_wna16"],
     ),
+    "nightly-commented": (
+        EVERY_FIX,
+        "INFO",
+        [
+            "verified on this vLLM (0.34.1.dev57+gdeadbee)",
+            "proven on a small layer of this deployment",
+            "CompressedTensorsW8A8Fp8MoEMethod, triton, 32 GPUs",
+        ],
+    ),
+    "nightly-class-call": (
+        [],
+        "WARNING",
+        ["nothing patched", "0.34.1.dev57+gdeadbee", "did not hold", "w13_"],
+    ),
 }
 # The regression suite's partitions at TP16 and TP32 (ALIGNED_TOPOLOGIES)
 RIGHT = {
@@ -60,6 +75,8 @@ def run_on(drift: Drift, root: Path) -> dict:
     copy = drifted_copy(drift, root)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     env["PYTHONPATH"] = os.pathsep.join([str(copy), str(REPO)])
+    if drift.first is not None:
+        env[FIRST] = drift.first
     child = subprocess.run(
         [sys.executable, "-m", "tests.drift.in_copy"],
         cwd=REPO,
@@ -87,13 +104,22 @@ def test_the_plugin_on_a_drifted_vllm(drift: Drift, tmp_path: Path) -> None:
     assert line[0] == level
     for word in words:
         assert word in line[1], line[1]
-    # doctor's verdict is the plugin's, fix by fix
+    # doctor's verdict is the plugin's, fix by fix (where the first layer
+    # proves the fixes, doctor's says so: it builds none)
     doctor = report["doctor"]
-    assert doctor["line"] == line[1]
-    on = [fix.split(":")[0].split()[-1] for fix in doctor["fixes"] if fix[:3] == "on "]
-    assert on == [
-        patch.rsplit(".", 1)[-1] for patch in EVERY_FIX_IN_ORDER if patch in applied
-    ]
+    if drift.first is None:
+        assert doctor["line"] == line[1]
+        on = [f.split(":")[0].split()[-1] for f in doctor["fixes"] if f[:3] == "on "]
+        assert on == [
+            patch.rsplit(".", 1)[-1] for patch in EVERY_FIX_IN_ORDER if patch in applied
+        ]
+    else:
+        assert "proven on a small layer" in doctor["line"], doctor["line"]
+        # the deployment's own first layer: the fix's, or vLLM alone's exactly
+        if applied:
+            assert report["first"] == RIGHT[drift.first]
+        else:
+            assert report["first"] == report["first_alone"]
 
     with_plugin, alone = report["with_plugin"], report["alone"]
     for case, partition in alone.items():

@@ -10,9 +10,14 @@ import json
 import sys
 from typing import Any
 
-from vllm_kimi_k3_moe import PATCHES
+from vllm_kimi_k3_moe import PARTITION_PATCH, PATCHES
 from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES
 from vllm_kimi_k3_moe.verification import verdict
+
+PROOF_PENDING = (
+    "to be proven on a small layer of this deployment when vLLM builds its "
+    "first Kimi-K3 layer (else nothing patched, and a warning says why)"
+)
 
 
 def report() -> dict[str, Any]:
@@ -21,12 +26,15 @@ def report() -> dict[str, Any]:
 
     verdicts = verdict.judge_all([patch for _, patch in PATCHES])
     decision = verdict.decide(
-        verdicts, __version__, __version__ in VERIFIED_VLLM_RELEASES
+        verdicts, __version__, __version__ in VERIFIED_VLLM_RELEASES, PARTITION_PATCH
     )
+    line = decision.line
+    if decision.prove:  # the server says what its first layer proved
+        line = f"{line}; {PROOF_PENDING}"
     return {
         "vllm": __version__,
         "fixes": verdict.fix_lines(verdicts),
-        "line": decision.line,
+        "line": line,
         "nothing_patched": decision.warning,
     }
 

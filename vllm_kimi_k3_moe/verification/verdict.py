@@ -114,11 +114,22 @@ class Decision:
     apply: tuple[str, ...]  # patch modules to apply, in order
     warning: bool  # the line is a warning (nothing patched)
     line: str | None  # None: verified code of a verified release, nothing to say
+    # some fix goes on code it was not verified on: the first layer built
+    # proves the fixes on a small layer first (``small_layer``), and the line
+    # is logged then, with what was proven (or the plugin steps aside)
+    prove: bool = False
 
 
-def decide(verdicts: Sequence[FixVerdict], vllm_version: str, plain: bool) -> Decision:
+def decide(
+    verdicts: Sequence[FixVerdict],
+    vllm_version: str,
+    plain: bool,
+    prover: str | None = None,
+) -> Decision:
     """All or nothing over ``verdicts``. ``plain``: this vLLM calls itself a
-    verified release (then verified code needs no line)."""
+    verified release (then verified code needs no line). ``prover``: the
+    patch whose first layer built proves the fixes on a small layer, where
+    it goes on and some fix is only checked (``Decision.prove``)."""
     differs = [v for v in verdicts if v.state == DIFFERS]
     if differs:
         what = "; ".join(f"{v.name}: {v.detail}" for v in differs)
@@ -139,7 +150,8 @@ def decide(verdicts: Sequence[FixVerdict], vllm_version: str, plain: bool) -> De
         line += "; already in vLLM, not applied: " + "; ".join(
             f"{v.name} ({v.detail})" for v in in_vllm
         )
-    return Decision(apply, False, line)
+    checked = any(v.state == CHECKED for v in verdicts)
+    return Decision(apply, False, line, prove=checked and prover in apply)
 
 
 def fix_lines(verdicts: Sequence[FixVerdict]) -> list[str]:

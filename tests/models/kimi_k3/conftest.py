@@ -10,6 +10,7 @@ have, are entered by the fixtures in this file (``rank_config``,
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from types import ModuleType
@@ -71,6 +72,22 @@ def kimi_k3_deployment_plans(kimi_k3_h20_planner) -> dict[int, object]:
     from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 
     return {tp: kimi_k3_h20_planner.plan(Deployment(tp)) for tp in (8, 16, 32)}
+
+
+@pytest.fixture
+def fresh_registration(kimi_model, monkeypatch, caplog):
+    """The plugin unregistered (patches reverted, hooks removed, warnings
+    forgotten), its warnings captured; registered again afterwards."""
+    vllm_kimi_k3_moe.unregister()
+    # Whether vLLM's logger propagates to caplog's root handler depends on
+    # vLLM's logging setup: listen on the plugin's logger itself, once.
+    monkeypatch.setattr(vllm_kimi_k3_moe.logger, "handlers", [caplog.handler])
+    monkeypatch.setattr(vllm_kimi_k3_moe.logger, "propagate", False)
+    caplog.set_level(logging.WARNING, logger=vllm_kimi_k3_moe.logger.name)
+    yield caplog
+    monkeypatch.undo()  # the test's version or platform first
+    vllm_kimi_k3_moe.unregister()
+    vllm_kimi_k3_moe.register()
 
 
 @pytest.fixture

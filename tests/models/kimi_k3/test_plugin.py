@@ -145,22 +145,6 @@ def test_repeated_registration_changes_nothing(kimi_model):
     assert import_hooks.watched_modules() == watched
 
 
-@pytest.fixture
-def fresh_registration(kimi_model, monkeypatch, caplog):
-    """The plugin unregistered (patches reverted, hooks removed, warnings
-    forgotten), its warnings captured; registered again afterwards."""
-    vllm_kimi_k3_moe.unregister()
-    # Whether vLLM's logger propagates to caplog's root handler depends on
-    # vLLM's logging setup: listen on the plugin's logger itself, once.
-    monkeypatch.setattr(vllm_kimi_k3_moe.logger, "handlers", [caplog.handler])
-    monkeypatch.setattr(vllm_kimi_k3_moe.logger, "propagate", False)
-    caplog.set_level(logging.WARNING, logger=vllm_kimi_k3_moe.logger.name)
-    yield caplog
-    monkeypatch.undo()  # the test's version or platform first
-    vllm_kimi_k3_moe.unregister()
-    vllm_kimi_k3_moe.register()
-
-
 def test_unregister_puts_upstream_back(kimi_model, fresh_registration):
     from vllm.model_executor.layers.fused_moe import routed_experts
 

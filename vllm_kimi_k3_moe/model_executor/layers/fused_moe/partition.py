@@ -150,13 +150,16 @@ def logging_held_back() -> Iterator[None]:
     # clears every logger's level cache each time (milliseconds, for each
     # trial of each layer of a model).
     handlers = {*logging.getLogger().handlers, *logging.getLogger("vllm").handlers}
+    # only those not held back already: a block inside another (a trial
+    # build inside the small-layer proof) leaves the outer one's filter on
+    added = [handler for handler in handlers if _drop not in handler.filters]
     with replaced_attributes(vllm_logger, **dict.fromkeys(once, _hold_back)):
-        for handler in handlers:
+        for handler in added:
             handler.addFilter(_drop)
         try:
             yield
         finally:
-            for handler in handlers:
+            for handler in added:
                 handler.removeFilter(_drop)
 
 
@@ -296,6 +299,15 @@ class LayoutChooser:
                 trial = self.trial(layout, quiet=False)
             return self._chosen(trial, upstream, rule, whole_groups, group, refused)
         return self._keep(alone, f"nothing smaller is accepted ({rule.name})")
+
+    def as_vllm_alone(self) -> Any:
+        """The method vLLM alone builds, its layout set on the config, or
+        vLLM alone's error (nothing of the plugin's on it)."""
+        alone = self.trial(self.alone_layout, quiet=False)
+        if not alone.built:
+            raise alone.error
+        alone.layout.set_on(self.config)
+        return alone.method
 
     def _keep(self, alone: Trial, reason: str) -> Chosen:
         """vLLM alone's layout exactly (or its error)."""

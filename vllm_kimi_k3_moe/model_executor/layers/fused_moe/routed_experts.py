@@ -262,14 +262,37 @@ def _kimi_k3_get_quant_method(own: Callable) -> Callable:
         build = current_kimi_moe_build()
         if build is None:
             return own(self, prefix, quant_config, moe_config)
-        chosen = LayoutChooser(
+        chooser = LayoutChooser(
             moe_config, build, lambda: own(self, prefix, quant_config, moe_config)
-        ).choose()
+        )
+        if _not_proven(self, build):  # stepped aside: vLLM alone's layer
+            build.stepped_aside = True
+            return chooser.as_vllm_alone()
+        chosen = chooser.choose()
         chosen.layout.set_on(moe_config)
         _install(chosen.method, build, chosen)
         return chosen.method
 
     return _get_quant_method
+
+
+def _not_proven(experts: Any, build: KimiMoEBuild) -> bool:
+    """On code the fixes were not verified on, the first layer built proves
+    them on a small copy of itself first (``verification.small_layer``);
+    True where that failed (the plugin has stepped aside)."""
+    import vllm_kimi_k3_moe as plugin
+
+    if not plugin.proof_pending():
+        return False
+    with torch.device(_device_for_proof()):
+        return not plugin.prove_on_first_layer(experts, build.logical_size)
+
+
+def _device_for_proof() -> torch.device:
+    """Where the layer is built (a GPU, when serving), or the CPU where that
+    is ``meta`` (the tools' real-size builds: a proof must read values)."""
+    device = torch.get_default_device()
+    return torch.device("cpu") if device.type == "meta" else device
 
 
 def apply(upstream: ModuleType) -> None:

@@ -65,6 +65,7 @@ Verified against
 from __future__ import annotations
 
 import re
+import sys
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
@@ -369,7 +370,16 @@ class StrictlyLoadedKimiMoE:
         self, config: Any, vllm_config: Any, *args: Any, **kwargs: Any
     ) -> None:
         super().__init__(config, vllm_config, *args, **kwargs)
-        make_expert_loading_strict(self, config.moe_intermediate_size, vllm_config)
+        if _still_applied(type(self)):  # not if the plugin stepped aside
+            make_expert_loading_strict(self, config.moe_intermediate_size, vllm_config)
+
+
+def _still_applied(cls: type) -> bool:
+    """Whether the module ``cls`` is from still has this patch on its
+    ``KimiMoE`` (the plugin steps aside, reverting it, where its fixes do
+    not hold on the first layer's small copy: ``verification``)."""
+    current = getattr(sys.modules[cls.__module__], "KimiMoE", None)
+    return current is not None and issubclass(current, StrictlyLoadedKimiMoE)
 
 
 def apply(upstream: ModuleType) -> None:

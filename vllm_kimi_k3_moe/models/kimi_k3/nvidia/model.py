@@ -69,6 +69,9 @@ class KimiMoEBuild:
     moe: Any
     logical_size: int  # config.moe_intermediate_size
     model_level_size: int | None = None  # upstream's padded_moe_intermediate_size
+    # the plugin stepped aside while this layer was built (its fixes did not
+    # hold on a small layer): the rest of it is built as vLLM alone builds it
+    stepped_aside: bool = False
 
 
 _current_build: contextvars.ContextVar[KimiMoEBuild | None] = contextvars.ContextVar(
@@ -101,6 +104,8 @@ class BackendPaddedKimiMoE:
         ``__init__`` hands it to the regular factory and its fixup guard."""
         build = _current_build.get()
         if build is not None and build.moe is self:
+            if build.stepped_aside:
+                return build.model_level_size
             return build.logical_size
         return self.__dict__.get("_model_level_moe_intermediate_size")
 
