@@ -158,7 +158,7 @@ def add_command(commands: Subcommands) -> None:
     )
     add_dp_and_ep(plan)
     add_context_parallel(plan)
-    add_format_and_backend(plan)
+    add_format_and_backend(plan, online=True)
     plan.add_argument(
         "--kv-cache-dtype",
         type=str.lower,
