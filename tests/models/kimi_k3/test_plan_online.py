@@ -102,7 +102,7 @@ def test_plans_serve_line_for_an_online_method_passes_check(
     write_header_set(tmp_path, "bf16")
     out, err = printed(
         capsys,
-        *("plan", "--quantization", "fp8_per_block", "--gpu", "h200"),
+        *("plan", "--quantization", "fp8_per_block", "--gpu", "b300"),
         *("--tp", "32", "--model", str(tmp_path), "--wide"),
     )
     assert "BF16, --quantization fp8_per_block" in out

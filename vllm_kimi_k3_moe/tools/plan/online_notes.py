@@ -32,9 +32,14 @@ def note_online(
             "alone's partition, as the plugin keeps it, and its routed experts "
             "counted as the BF16 it loads"
         )
+    routed = (
+        ""
+        if len(kept) == len(plans)
+        else "routed experts counted as the quantized tensors the method hands "
+        "its kernel; "
+    )
     say(
-        f"plan: note: --quantization {online}: routed experts counted as the "
-        "quantized tensors the method hands its kernel; every other layer as "
-        "the BF16 vLLM allocates before quantizing it; --model names the BF16 "
-        "checkpoint"
+        f"plan: note: --quantization {online}: {routed}every other layer "
+        "counted as the BF16 vLLM allocates before quantizing it; --model "
+        "names the BF16 checkpoint"
     )
