@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FORMATS
+from vllm_kimi_k3_moe.formats.bf16 import BF16
 from vllm_kimi_k3_moe.tools.check.hub_cache import checkpoint_directory
 from vllm_kimi_k3_moe.tools.check.json_report import as_json
 from vllm_kimi_k3_moe.tools.check.preflight import (
@@ -168,6 +169,9 @@ class CheckInput:
     parallelism: Topology
     pcp_size: int
     backend: str | None  # --moe-backend, as vLLM spells it
+    # the serve line's --quantization (a method quantizing a BF16 checkpoint
+    # while loading it, as plan prints it); None: the checkpoint's own
+    quantization: str | None = None
 
 
 def _asked(args: argparse.Namespace) -> CheckInput:
@@ -205,6 +209,7 @@ def _asked(args: argparse.Namespace) -> CheckInput:
         line.topology,
         line.pcp_size,
         None if line.moe_backend == "auto" else line.moe_backend,
+        line.quantization,
     )
 
 
@@ -218,7 +223,11 @@ def run(args: argparse.Namespace) -> int:
         fail("check", str(error))
     backend = asked.backend
     if args.json:
-        plan = None if backend is None else _vllm_allocation(report, backend)
+        plan = (
+            None
+            if backend is None
+            else _vllm_allocation(report, backend, asked.quantization)
+        )
         # as text: sys.stdout may be a stream without a binary buffer
         print(as_json(report, plan).decode(), end="", flush=True)
         return report.status
@@ -226,18 +235,23 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join([*headline(report), *summary(report)]), flush=True)
     if backend is not None:
         stages = report.stages if report.parallelism.pp_size > 1 else []
-        print("\n".join(allocation(_vllm_allocation(report, backend), stages)))
+        moe = _vllm_allocation(report, backend, asked.quantization)
+        print("\n".join(allocation(moe, stages)))
     print("\n".join([*problem_lines(report.problems, args.show_all), *verdict(report)]))
     return report.status
 
 
-def _vllm_allocation(report: PreflightReport, backend: str) -> MoeMemoryPlan:
+def _vllm_allocation(
+    report: PreflightReport, backend: str, quantization: str | None = None
+) -> MoeMemoryPlan:
     """check --moe-backend: what vLLM allocates for the checkpoint's
-    deployment, upstream and with the plugin (imports vLLM)."""
+    deployment, upstream and with the plugin (imports vLLM); a BF16
+    checkpoint served with ``--quantization NAME`` (``plan``'s serve line
+    for an online method) as quantized while loading, as ``plan`` sizes it."""
     print(f"building vLLM's Kimi-K3 model for {backend} ...", file=sys.stderr)
-    deployment = Deployment.of(
-        report.parallelism, backend, report.layout.format.format.name
-    )
+    fmt = report.layout.format.format.name
+    online = quantization if fmt == BF16.name and quantization else None
+    deployment = Deployment.of(report.parallelism, backend, fmt, online)
     assert report.layout.language_model is not None  # read with --moe-backend
     try:
         with quiet_vllm():

@@ -137,19 +137,35 @@ def fail(command: str, message: str) -> NoReturn:
     raise SystemExit(USAGE_ERROR)
 
 
-def add_format_and_backend(command: argparse.ArgumentParser) -> None:
-    """``--quantization`` and ``--moe-backend``, as ``plan`` takes them."""
-    command.add_argument(
-        "--quantization",
-        type=str.lower,
-        choices=FORMAT_NAMES,
-        help="the checkpoint's format, with its published quantization config: "
+def add_format_and_backend(
+    command: argparse.ArgumentParser, online: bool = False
+) -> None:
+    """``--quantization`` and ``--moe-backend``, as ``plan`` takes them
+    (``online``: also vLLM's methods that quantize a BF16 checkpoint while
+    loading it, which ``tools.plan.asked`` checks against vLLM's list)."""
+    formats = (
+        "the checkpoint's format, with its published quantization config: "
         "mxfp4 (the release, compressed-tensors mxfp4-pack-quantized, which "
         "vLLM serves as native MXFP4), ct-mxfp4 (other compressed-tensors "
         "MXFP4), fp8-block, nvfp4 (compressed-tensors), modelopt-nvfp4, "
         "w4a16 (INT4 in groups of 32), awq, gptq (INT4 in groups of 128), "
         "bf16 (default: what --config's quantization_config declares, any "
-        "config vLLM takes, else mxfp4)",
+        "config vLLM takes, else mxfp4)"
+    )
+    if online:
+        formats += (
+            "; or a method of vLLM's --quantization that quantizes the BF16 "
+            "checkpoint while loading it (fp8_per_block, fp8_per_tensor, "
+            "fp8_per_channel, mxfp8, int8_per_channel_weight_only, "
+            "nvfp4_per_token, fp8, experts_int8, ...: vLLM's names, as vllm "
+            "serve takes them; mxfp4 names the release)"
+        )
+    command.add_argument(
+        "--quantization",
+        type=str.lower,
+        metavar="NAME" if online else None,
+        choices=None if online else FORMAT_NAMES,
+        help=formats,
     )
     command.add_argument(
         "--moe-backend",

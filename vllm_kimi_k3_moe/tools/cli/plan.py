@@ -57,6 +57,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
 from vllm_kimi_k3_moe.tools.plan.answers import Answers
 from vllm_kimi_k3_moe.tools.plan.asked import INPUT_ERRORS, PlanInput, plan_input
 from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
+from vllm_kimi_k3_moe.tools.plan.online_notes import note_online
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import (
@@ -158,7 +159,7 @@ def add_command(commands: Subcommands) -> None:
     )
     add_dp_and_ep(plan)
     add_context_parallel(plan)
-    add_format_and_backend(plan)
+    add_format_and_backend(plan, online=True)
     plan.add_argument(
         "--kv-cache-dtype",
         type=str.lower,
@@ -281,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
     answers.note_if_kept()
     _note_dsa_config_unread(asked.text_config)
     _note_kernel_not_verified(kernel, args.gpu)
+    note_online(asked.online, plans, _say)
     if args.json:
         print(as_json(plans))
     elif args.wide:

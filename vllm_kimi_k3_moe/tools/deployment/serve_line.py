@@ -40,6 +40,7 @@ class ServeLine:
     nodes: NodeSplit  # --nnodes, as vLLM splits the world over them
     node_rank: int  # --node-rank
     headless: bool  # --headless: a node other than the API server's
+    quantization: str | None = None  # --quantization, as vLLM's parser read it
 
 
 def _without_line_continuations(command: str) -> str:
@@ -134,4 +135,5 @@ def read_serve_command(command: str) -> ServeLine:
         nodes=nodes,
         node_rank=args.node_rank,
         headless=args.headless,
+        quantization=args.quantization,
     )

@@ -119,16 +119,26 @@ class Topology:
 @dataclass(frozen=True)
 class Deployment(Topology):
     """What ``vllm serve`` would be asked for: the topology, the checkpoint's
-    format (a ``vllm_kimi_k3_moe.formats`` name) and the MoE kernel."""
+    format (a ``vllm_kimi_k3_moe.formats`` name), the MoE kernel and, for a
+    BF16 checkpoint quantized while vLLM loads it, the online method
+    (``vllm serve --quantization NAME``, one of vLLM's online shorthands)."""
 
     backend: str = "marlin"
     quantization: str = "mxfp4"
+    online: str | None = None
 
     @classmethod
-    def of(cls, topology: Topology, backend: str, quantization: str) -> Deployment:
-        """``topology`` served in ``quantization`` on ``backend``."""
+    def of(
+        cls,
+        topology: Topology,
+        backend: str,
+        quantization: str,
+        online: str | None = None,
+    ) -> Deployment:
+        """``topology`` served in ``quantization`` on ``backend`` (quantized
+        while loading by ``online``, if given)."""
         sizes = {f.name: getattr(topology, f.name) for f in fields(Topology)}
-        return cls(**sizes, backend=backend, quantization=quantization)
+        return cls(**sizes, backend=backend, quantization=quantization, online=online)
 
     @property
     def format(self) -> KimiK3Format:
@@ -142,12 +152,16 @@ class Deployment(Topology):
 
 def validate(text_config: dict[str, Any], deployment: Deployment) -> None:
     """Refuse, with one line naming the bad value, what cannot be sized."""
-    validate_backend(deployment.quantization, deployment.backend)
+    validate_backend(deployment.quantization, deployment.backend, deployment.online)
     validate_topology(text_config, deployment)
 
 
-def validate_backend(quantization: str, backend: str) -> None:
-    """Refuse a format or MoE backend the planner does not know."""
+def validate_backend(
+    quantization: str, backend: str, online: str | None = None
+) -> None:
+    """Refuse a format or MoE backend the planner does not know. An online
+    method's kernels are vLLM's to refuse when the layer is built (each
+    method has its own: ``plan`` says vLLM's refusal)."""
     if quantization not in FORMAT_NAMES:
         raise DeploymentError(
             f"unknown quantization path {quantization!r}; "
@@ -160,7 +174,7 @@ def validate_backend(quantization: str, backend: str) -> None:
             "name the kernel your deployment runs (vLLM logs it at startup), "
             "e.g. --moe-backend marlin"
         )
-    if backend not in backends:
+    if backend not in backends and online is None:
         raise DeploymentError(
             f"unknown MoE backend {backend!r} for {quantization}; "
             f"choose one of {', '.join(backends)}"

@@ -85,6 +85,19 @@ suite's build tests fail when a name moves.
     run, calls the CUDA SiTU op of ``vllm._C`` and asks the CUDA driver
     whether a graph is being captured; a CPU box has neither. Re-check: the
     op's schema and the capture check's name in ``fused_batched_moe``.
+``stand_ins.online_method_quantizers``
+    Replaces ``mxfp4_utils.downcast_to_mxfp`` (online MXFP4) by the torch
+    reference triton_kernels ships, and defines ``torch.ops._C``'s
+    ``scaled_fp4_quant.out``, ``static_scaled_fp8_quant`` and
+    ``dynamic_per_token_scaled_fp8_quant`` (online NVFP4, FP8 per tensor,
+    FP8 per channel) with vLLM's own torch references (CPU) and a kernel
+    that writes nothing (``meta``), each only where the op is missing, while
+    ``build_rank`` builds a rank. Why: an online method's partition rule is
+    learned from what its ``process_weights_after_loading`` quantizes to
+    (``online.quantized_rule``), which calls these GPU quantizers; a CPU box
+    has neither ``vllm._C`` nor Triton. The test suite quantizes with the
+    same stand-ins (one place). Re-check: each op's schema in
+    ``vllm/_custom_ops.py`` and the online methods' calls.
 ``stand_ins.one_gpu_for_the_data_parallel_group``
     Replaces a rank's ``FusedMoEConfig.moe_parallel_config`` by a copy with
     DP size 1 while ``selftest`` on a GPU makes its kernel

@@ -61,6 +61,8 @@ class LayerAllocation:
     # built with the plugin: the rows vLLM alone's kernel keeps once its
     # weight preparation padded vLLM alone's partition again (None: as built)
     vllm_alone_resident: int | None = None
+    # built with the plugin: why its partition (the plugin's ``PartitionChoice``)
+    partition_reason: str | None = None
 
     @classmethod
     def of(cls, kimi_moe: Any) -> LayerAllocation:
@@ -83,6 +85,15 @@ class LayerAllocation:
             total_bytes=sum(sizes.values()),
             vllm_alone_refused=getattr(choice, "upstream_refused", None),
             vllm_alone_resident=_resident_apart(choice),
+            partition_reason=getattr(choice, "reason", None),
+        )
+
+    def with_routed_bytes(self, routed_bytes: int) -> LayerAllocation:
+        """This layer with its routed experts at ``routed_bytes`` (what they
+        keep once quantized while loading, ``online_experts``)."""
+        added = routed_bytes - self.routed_bytes
+        return replace(
+            self, routed_bytes=routed_bytes, total_bytes=self.total_bytes + added
         )
 
     def kept_by_its_kernel(self, rows: int, other: LayerAllocation) -> LayerAllocation:

@@ -30,9 +30,16 @@ from vllm_kimi_k3_moe.tools.meta_rank.allocation import (
     PlacedAllocation,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.draft import build_draft, own_parameters
+from vllm_kimi_k3_moe.tools.meta_rank.online_experts import quantized_routed_bytes
 from vllm_kimi_k3_moe.tools.meta_rank.rank import rank_zero_of
-from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import whole_model_on_cpu
-from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
+    online_method_quantizers,
+    whole_model_on_cpu,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
+    OnlineQuantization,
+    rank_vllm_config,
+)
 
 
 @contextmanager
@@ -82,6 +89,7 @@ def build_rank(
     with (
         rank_zero_of(deployment, pp_rank),
         whole_model_on_cpu(),
+        online_method_quantizers(),
         kimi_moe_class(model_module, kimi_moe_cls),
     ):
         vllm_config = rank_vllm_config(
@@ -91,6 +99,9 @@ def build_rank(
             serving,
             gpus_per_node=gpus_per_node,
             speculative=speculative,
+            online=None
+            if deployment.online is None
+            else OnlineQuantization(deployment.online),
         )
         with set_current_vllm_config(vllm_config), torch.device("meta"):
             model = model_module.KimiK3ForConditionalGeneration(
@@ -114,13 +125,27 @@ def build_rank(
     allocation = ModelAllocation.of(model, kda_layer)
     allocation.components["speculative_draft"] = draft_bytes
     allocation.components["dsa_topk_indices"] = topk_bytes
+    placed = (
+        PlacedAllocation.of(model, text_config["num_hidden_layers"], kda_layer)
+        .with_draft(draft_bytes)
+        .with_every_stage("dsa_topk_indices", topk_bytes)
+    )
+    kimi_moe = language_model.layers[first_moe].block_sparse_moe
+    moe_layer = LayerAllocation.of(kimi_moe)
+    if deployment.online is not None:  # what the GPU keeps: the quantized
+        with set_current_vllm_config(vllm_config), online_method_quantizers():
+            routed = quantized_routed_bytes(kimi_moe.experts.routed_experts)
+        if routed is not None:
+            moe_layer = moe_layer.with_routed_bytes(routed)
+            placed = placed.with_routed_bytes(routed)
+            allocation.components["moe_routed_experts"] = sum(
+                layer["moe_routed_experts"] for layer in placed.layers
+            )
     return RankBuild(
         model=model,
         allocation=allocation,
-        placed=PlacedAllocation.of(model, text_config["num_hidden_layers"], kda_layer)
-        .with_draft(draft_bytes)
-        .with_every_stage("dsa_topk_indices", topk_bytes),
-        moe_layer=LayerAllocation.of(language_model.layers[first_moe].block_sparse_moe),
+        placed=placed,
+        moe_layer=moe_layer,
         vllm_config=vllm_config,
         draft=draft,
     )

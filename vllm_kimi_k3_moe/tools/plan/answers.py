@@ -49,6 +49,7 @@ class Answers:
             self._model,
             self._gpus_per_node,
             asked.speculation,
+            asked.online,
             *what,
         )
 
@@ -81,7 +82,9 @@ class Answers:
         return remembered(
             self._question("advise", gpus, quantization, backend),
             lambda: self._worked_out(
-                lambda planner: planner.advise(gpus, quantization, backend)
+                lambda planner: planner.advise(
+                    gpus, quantization, backend, self._asked.online
+                )
             ),
         )
 
@@ -120,7 +123,12 @@ class Answers:
         deployment = (
             asked.deployments[0]
             if asked.deployments
-            else Deployment(1, backend=asked.backend, quantization=asked.quantization)
+            else Deployment(
+                1,
+                backend=asked.backend,
+                quantization=asked.quantization,
+                online=asked.online,
+            )
         )
         return self.kernel_on_gpu(gpu, deployment)
 

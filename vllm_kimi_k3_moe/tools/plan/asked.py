@@ -15,7 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_kimi_k3_moe.formats import FormatError, KimiK3Format, format_named, recognise
+from vllm_kimi_k3_moe.formats import (
+    FORMAT_NAMES,
+    FormatError,
+    KimiK3Format,
+    format_named,
+    recognise,
+)
 from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import BudgetError, GpuBudget
 from vllm_kimi_k3_moe.tools.deployment.gpus import GpuError, gpu_preset
@@ -43,6 +49,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     validate_serving,
 )
 from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_with_working_tp_sizes
+from vllm_kimi_k3_moe.tools.plan.online_names import online_method
 
 DEFAULT_TP_SIZES = (8, 16, 32)
 # the errors of a question plan cannot size, each one line for the operator
@@ -64,6 +71,9 @@ class PlanInput:
     gpu_title: str | None  # the preset's name, or the memory given, in GB
     backend: str  # --moe-backend, as vLLM spells it
     speculation: Speculation | None  # --speculative-config
+    # --quantization naming a vLLM method that quantizes the BF16 checkpoint
+    # while loading it (``online_names``); None: a checkpoint format
+    online: str | None = None
 
 
 def _budget(
@@ -161,6 +171,15 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         else read_language_model_config(args.config)
     )
     fmt, quantization_config, quantization_title = _quantization(args)
+    online = None if args.quantization is None else online_method(args.quantization)
+    if online is not None:
+        if quantization_config is not None:
+            raise DeploymentError(
+                f"--quantization {online} quantizes a BF16 checkpoint while "
+                f"loading it, but {args.config} declares a quantization_config"
+            )
+        fmt = format_named("bf16")
+        quantization_title = f"BF16, --quantization {online}"
     budget, gpu_title = _budget(args, fmt.name, say)
     validate_prefill_context_parallel(args.pcp_size)
     speculation = (
@@ -189,7 +208,7 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
             raise DeploymentError(
                 "--gpus needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
             )
-        validate_backend(fmt.name, backend)
+        validate_backend(fmt.name, backend, online)
         deployments, left_out = [], []
     else:
         deployments = [
@@ -201,6 +220,7 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
                 dcp_size=args.dcp_size,
                 backend=backend,
                 quantization=fmt.name,
+                online=online,
             )
             for tp in args.tp_sizes or DEFAULT_TP_SIZES
         ]
@@ -238,6 +258,7 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         gpu_title,
         backend,
         speculation,
+        online,
     )
 
 
@@ -254,10 +275,14 @@ def _quantization(
     if args.config is not None:
         declared = declared_quantization_config(read_config_document(args.config))
     if declared is None:
-        fmt = format_named(args.quantization or "mxfp4")
+        name = args.quantization or "mxfp4"
+        fmt = format_named(name if name in FORMAT_NAMES else "bf16")
         return fmt, None, fmt.title
     recognised = recognise(declared, None, str(args.config))
-    if args.quantization not in (None, recognised.format.name):
+    if args.quantization in FORMAT_NAMES and args.quantization not in (
+        None,
+        recognised.format.name,
+    ):
         raise DeploymentError(
             f"--quantization {args.quantization}, but {args.config} declares "
             f"{recognised.name} ({recognised.format.name}); drop --quantization"

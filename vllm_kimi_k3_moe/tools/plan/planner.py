@@ -215,7 +215,8 @@ class Planner:
                 if cls is self.fixed_cls:
                     raise PlanError(
                         f"{VLLM} cannot build Kimi-K3 for {deployment.label()} in "
-                        f"{deployment.quantization} on {deployment.backend}: {why}"
+                        f"{deployment.online or deployment.quantization} on "
+                        f"{deployment.backend}: {why}"
                     ) from error
                 built.append(why)
         upstream, fixed = built
@@ -346,14 +347,15 @@ class Planner:
         return kv.capacity(available, ranges)
 
     def advise(
-        self, gpus: int, quantization: str, backend: str
+        self, gpus: int, quantization: str, backend: str, online: str | None = None
     ) -> tuple[list[DeploymentPlan], list[str]]:
         """Every layout of exactly ``gpus`` GPUs vLLM builds for the format
-        and kernel, sized, fitting first and then by KV-cache tokens; and the
-        layouts vLLM refused at build time, each with its reason."""
+        and kernel (quantized while loading by ``online``, if given), sized,
+        fitting first and then by KV-cache tokens; and the layouts vLLM
+        refused at build time, each with its reason."""
         plans, refused = [], []
         for topology in layouts(gpus, self.text_config):
-            deployment = Deployment.of(topology, backend, quantization)
+            deployment = Deployment.of(topology, backend, quantization, online)
             try:
                 plans.append(self.plan(deployment))
             except (DeploymentError, PlanError) as error:

@@ -9,7 +9,8 @@ Over several nodes the lines are vLLM's multiprocessing launch
 --node-rank R --master-addr HEAD``, the nodes other than 0 with
 ``--headless``; ``HEAD`` stands for node 0's address, which the operator
 fills in. The checkpoint's format needs no flag: vLLM reads it from the
-checkpoint's ``config.json``.
+checkpoint's ``config.json``; a BF16 checkpoint quantized while loading gets
+its method's ``--quantization NAME``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def _layout_and_serving(
         arguments += ["--data-parallel-size", str(deployment.dp_size)]
     if deployment.expert_parallel:
         arguments.append("--enable-expert-parallel")
+    if deployment.online is not None:  # a BF16 checkpoint quantized while loading
+        arguments += ["--quantization", deployment.online]
     arguments += ["--moe-backend", deployment.backend]
     if serving.kv_cache_dtype != "auto":
         arguments += ["--kv-cache-dtype", serving.kv_cache_dtype]

@@ -122,16 +122,17 @@ class _Quantized(Exception):
         self.tensors = tensors
 
 
-def _for_one_gpu(config: Any, rows: int) -> Any:
-    """A copy of the layer's ``FusedMoEConfig`` for a scratch expert of
-    ``rows`` rows on one GPU (no scale all-reduce over the MoE group)."""
+def _for_one_gpu(config: Any, rows: int, width: int) -> Any:
+    """A copy of the layer's ``FusedMoEConfig`` for scratch experts of
+    ``rows`` rows and ``width`` columns on one GPU (no scale all-reduce over
+    the MoE group)."""
     scratch = copy.copy(config)
     scratch.moe_parallel_config = dataclasses.replace(
         config.moe_parallel_config, tp_size=1, tp_rank=0, dp_size=1, dp_rank=0
     )
     scratch.intermediate_size_per_partition = rows
     scratch.intermediate_size_per_partition_unpadded = rows
-    scratch.hidden_dim = scratch.hidden_dim_unpadded = SCRATCH_WIDTH
+    scratch.hidden_dim = scratch.hidden_dim_unpadded = width
     return scratch
 
 
@@ -151,15 +152,17 @@ def _handed_over(layer: Any, args: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
-def quantized_tensors(method: Any, rows: int) -> dict[str, Any]:
-    """What ``method`` quantizes one expert of ``rows`` rows to: its own
-    ``process_weights_after_loading`` on a scratch layer, on the default
-    device, stopped at ``_setup_kernel``."""
+def quantized_tensors(
+    method: Any, rows: int, width: int = SCRATCH_WIDTH, experts: int = 1
+) -> dict[str, Any]:
+    """What ``method`` quantizes ``experts`` experts of ``rows`` rows and
+    ``width`` columns to: its own ``process_weights_after_loading`` on a
+    scratch layer, on the default device, stopped at ``_setup_kernel``."""
     import torch
     from torch import nn
 
     scratch = copy.copy(method)  # the layer's method is left as it is
-    scratch.moe = config = _for_one_gpu(method.moe, rows)
+    scratch.moe = config = _for_one_gpu(method.moe, rows, width)
 
     def _setup_kernel(layer: Any, *args: Any, **kwargs: Any) -> None:
         raise _Quantized(_handed_over(layer, args))
@@ -167,13 +170,14 @@ def quantized_tensors(method: Any, rows: int) -> dict[str, Any]:
     scratch._setup_kernel = _setup_kernel
     layer = nn.Module()
     layer.moe_config = config
-    layer.num_experts = layer.local_num_experts = layer.global_num_experts = 1
+    layer.num_experts = layer.local_num_experts = experts
+    layer.global_num_experts = experts
     layer.orig_dtype = config.in_dtype
     layer.weight_block_size = None
     layer.w13_input_scale = layer.w2_input_scale = None
     layer.expert_map_manager = _NoSharedExperts()
-    w13 = torch.ones(1, config.w13_num_shards * rows, SCRATCH_WIDTH)
-    w2 = torch.ones(1, SCRATCH_WIDTH, rows)
+    w13 = torch.ones(experts, config.w13_num_shards * rows, width)
+    w2 = torch.ones(experts, width, rows)
     for name, weight in (("w13_weight", w13), ("w2_weight", w2)):
         layer.register_parameter(
             name, nn.Parameter(weight.to(config.in_dtype), requires_grad=False)

@@ -170,13 +170,17 @@ def rule_of(method: Any, config: Any) -> PartitionRule | None:
     return fmt.partition_rule if fmt else learned_rule(method, config)
 
 
+# Why an online method keeps vLLM alone's partition (``plan`` says it too).
+ONLINE_NOT_LEARNED = (
+    "quantized while loading (online), not learned from what it "
+    "quantizes to: vLLM alone's partition"
+)
+
+
 def _no_rule(method: Any) -> str:
     """Why ``method`` keeps vLLM alone's partition (it has no rule)."""
     if is_online(method):
-        return (
-            "quantized while loading (online), not learned from what it "
-            "quantizes to: vLLM alone's partition"
-        )
+        return ONLINE_NOT_LEARNED
     return "no rule for this method: vLLM alone's partition"
 
 

@@ -19,6 +19,7 @@ The ledger of all of them, with what to re-check at a vLLM bump, is
 - ``cuda_platform``: the CUDA platform's answers while configs are made.
 - ``model_loader``: the loader of a speculative-decoding draft (no weights).
 - ``moe_forward``: the compiled ops of vLLM's batched reference MoE kernel.
+- ``online_quantizers``: the GPU quantizers of vLLM's online MoE methods.
 - ``triton_on_cpu``: what vLLM's Triton MoE path calls besides Triton.
 - ``data_parallel_group``: the DP group, for ``selftest`` on one GPU.
 - ``vllm_package``: vLLM's package initialiser, for ``doctor``.
@@ -78,6 +79,9 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.moe_kernels import (
     moe_kernels_on_their_gpu,
     runs_on_capability,
 )
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.online_quantizers import (
+    online_method_quantizers,
+)
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.triton_on_cpu import (
     TRITON_CONFIG_GPU,
     triton_moe_forward_on_cpu,
@@ -111,6 +115,7 @@ __all__ = [
     "moe_kernel_of_the_gpu",
     "moe_kernels_on_their_gpu",
     "one_gpu_for_the_data_parallel_group",
+    "online_method_quantizers",
     "runs_on_capability",
     "situ_and_mul_op_on_cpu",
     "sparse_mla_attention_kernels",

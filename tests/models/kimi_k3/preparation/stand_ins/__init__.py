@@ -17,9 +17,11 @@ question vLLM asks before it), ``flashinfer`` (FlashInfer's scale swizzle,
 b12x's capture check and SM count, and the ``.cuda()`` of vLLM's own
 swizzle), ``humming`` (its repack, a stand-in Hopper, and its tile
 heuristics asked for a few token counts only: the one stand-in for pure
-Python, there for time), ``scaled_fp8`` (vLLM's static FP8 quantization,
-which computes values), ``online_quantizers`` (the online methods' GPU
-quantizers, as vLLM's torch references: they compute values),
+Python, there for time), ``online_quantizers`` (the online methods' GPU
+quantizers, vLLM's static FP8 quantization among them, as vLLM's torch
+references: they compute values; shared with
+``plan``, which learns an online method's rule with them, so it lives in
+``vllm_kimi_k3_moe.tools.meta_rank.stand_ins``),
 ``collectives`` (the all-reduce of online quantization's maxima over the
 GPUs sharding an expert: a group of one), ``torch_compile`` (compiled
 functions run as their Python). Each stand-in exists only inside
@@ -44,17 +46,15 @@ from tests.models.kimi_k3.preparation.stand_ins import (
     flashinfer,
     humming,
     marlin,
-    online_quantizers,
-    scaled_fp8,
     torch_compile,
 )
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import online_quantizers
 
 FAMILIES = (
     marlin,
     deep_gemm,
     flashinfer,
     humming,
-    scaled_fp8,
     online_quantizers,
     collectives,
     torch_compile,

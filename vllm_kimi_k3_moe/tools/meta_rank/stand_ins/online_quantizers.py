@@ -1,6 +1,20 @@
 """The GPU quantizers of vLLM's online MoE methods, as torch that computes the
 same format.
 
+Why here, shared: an online method (``--quantization fp8_per_block``, ...)
+gets its partition rule from what its own ``process_weights_after_loading``
+quantizes to (``model_executor.layers.fused_moe.online.quantized_rule``),
+and that calls these ops, which a CPU box lacks (vLLM's CUDA wheel loads no
+``vllm._C`` there; Triton does not run). ``plan`` builds the model on
+``meta`` with them (``whole_model.build_rank``), and the test suite
+quantizes real CPU tensors with them (``tests/models/kimi_k3/preparation``),
+so both learn the rule as a serving GPU does. Only the ops are stood in;
+the methods, their scale and block shapes and what they hand their kernel
+are vLLM's own code. A ``_C`` op's kernel on ``meta`` writes nothing: it
+only fills output tensors vLLM's Python allocated, whose shapes and dtypes
+are all a ``meta`` tensor has (as torch's own meta kernels of ``out=``
+ops).
+
 Each computes new values (none is a rearrangement): the tests hold what the
 method quantized to the BF16 it loaded within the format's error, and its
 pads to zero, never to a stand-in's formula.
@@ -19,6 +33,13 @@ pads to zero, never to a stand-in's formula.
     it and rounded to E2M1, packed two per byte (low nibble first); scales
     unswizzled, as the online method asks. The stand-in is vLLM's own torch
     reference of it (``nvfp4_emulation_utils.ref_nvfp4_quant``), packed.
+``_C::static_scaled_fp8_quant`` (``ops.scaled_fp8_quant`` with a scale:
+online FP8 per tensor, and FP8 per tensor's requantization of w1 and w3 with
+the larger of their scales)
+    csrc/quantization/w8a8/fp8/common.cu: each value times 1 / scale,
+    clamped to float8_e4m3fn's range, rounded to it. The stand-in is vLLM's
+    ``QuantFP8.forward_native`` for a static per-tensor scale, the same
+    arithmetic in torch.
 ``_C::dynamic_per_token_scaled_fp8_quant`` (``ops.scaled_fp8_quant`` without
 a scale, per token: online FP8 per channel's w13)
     csrc: one scale per row (its largest magnitude over FP8's), the row
@@ -40,6 +61,10 @@ FP4_SCHEMA = (
     "scaled_fp4_quant.out(Tensor input, Tensor input_scale, "
     "bool is_sf_swizzled_layout, *, Tensor(a!) output, Tensor(b!) output_scale) "
     "-> ()"
+)
+STATIC_FP8_SCHEMA = (
+    "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, "
+    "SymInt[]? group_shape=None) -> ()"
 )
 PER_TOKEN_FP8_SCHEMA = (
     "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, "
@@ -105,6 +130,25 @@ def _dynamic_per_token_scaled_fp8_quant(
     scale.copy_(scales)
 
 
+def _static_scaled_fp8_quant(
+    result: Any, input: Any, scale: Any, group_shape: Any = None
+) -> None:
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    quant = QuantFP8(
+        static=True, group_shape=GroupShape.PER_TENSOR, compile_native=False
+    )
+    result.copy_(quant.forward_native(input, scale)[0])
+
+
+def _writes_into_its_outputs(*args: Any, **kwargs: Any) -> None:
+    """The ops' kernel on ``meta``: each writes only into output tensors its
+    caller (vLLM's Python) allocated, whose shapes and dtypes are all a
+    ``meta`` tensor holds; so, like torch's own meta kernels of ``out=`` ops,
+    it computes nothing."""
+
+
 @contextmanager
 def _op(name: str, schema: str, kernel: Any) -> Iterator[None]:
     import torch
@@ -116,13 +160,15 @@ def _op(name: str, schema: str, kernel: Any) -> Iterator[None]:
     try:
         library.define(schema)
         library.impl(name, kernel, "CPU")
+        library.impl(name, _writes_into_its_outputs, "Meta")
         yield
     finally:
         library._destroy()
 
 
 @contextmanager
-def stand_ins() -> Iterator[None]:
+def online_method_quantizers() -> Iterator[None]:
+    """Every quantizer above, for the block (an op vLLM has is left as is)."""
     from vllm.model_executor.layers.quantization.utils import mxfp4_utils
 
     with ExitStack() as stack:
@@ -131,6 +177,9 @@ def stand_ins() -> Iterator[None]:
         )
         stack.enter_context(_op("scaled_fp4_quant.out", FP4_SCHEMA, _scaled_fp4_quant))
         stack.enter_context(
+            _op("static_scaled_fp8_quant", STATIC_FP8_SCHEMA, _static_scaled_fp8_quant)
+        )
+        stack.enter_context(
             _op(
                 "dynamic_per_token_scaled_fp8_quant",
                 PER_TOKEN_FP8_SCHEMA,
@@ -138,3 +187,7 @@ def stand_ins() -> Iterator[None]:
             )
         )
         yield
+
+
+# the name each family of the test suite's stand-ins enters them by
+stand_ins = online_method_quantizers
