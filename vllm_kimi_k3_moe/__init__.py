@@ -85,7 +85,6 @@ import importlib
 import logging
 import sys
 from types import ModuleType
-from typing import Any
 
 from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES, kimi_k3_platform_refusal
 from vllm_kimi_k3_moe.import_hooks import call_after_import, remove_after_import
@@ -105,6 +104,8 @@ INT_WNA16_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
 # the fixes on a small layer where some fix goes on code it was not verified
 # on (``verification.small_layer``).
 PARTITION_PATCH = "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts"
+# What that first layer owes, and settles (imported only where it is owed).
+FIRST_LAYER = "vllm_kimi_k3_moe.verification.first_layer"
 # (vLLM module patched, plugin module with its apply / revert), in order.
 PATCHES: tuple[tuple[str, str], ...] = (
     (KIMI_K3_NVIDIA_MODEL, "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model"),
@@ -123,9 +124,6 @@ PATCHES: tuple[tuple[str, str], ...] = (
 _registered = False
 _warned: set[str] = set()
 _decided: list[tuple[str, ...]] = []  # this process's patches to apply, once
-# The line to log once the first layer built has proven the fixes on a small
-# layer (some fix went on code it was not verified on); empty: nothing to prove
-_to_prove: list[str] = []
 
 
 def _warn_once(message: str) -> None:
@@ -174,49 +172,12 @@ def _verified_patches() -> tuple[str, ...]:
             )
         if line is not None and warning:
             _warn_once(line)
-        elif line is not None and decision.prove:
-            _to_prove.append(line)  # said with what the first layer proves
+        elif line is not None and decision.prove:  # said once proven
+            importlib.import_module(FIRST_LAYER).owe(line, _step_aside)
         elif line is not None:
             logger.info(line)
         _decided.append(apply)
     return _decided[0]
-
-
-def proof_pending() -> bool:
-    """Whether the fixes went on code they were not verified on and no layer
-    has proven them yet (``prove_on_first_layer``)."""
-    return bool(_to_prove)
-
-
-def prove_on_first_layer(experts: Any, moe_intermediate_size: int) -> bool:
-    """Prove the fixes on a small copy of ``experts`` (a Kimi-K3
-    ``RoutedExperts`` under construction: ``verification.small_layer``),
-    once per process, before any layer gets them. Proven: the decision's
-    line is logged with what was proven, and True. Not: every patch is
-    reverted and its hook removed, one warning says why, and False (the
-    caller builds ``experts`` as vLLM alone would); never raises."""
-    from vllm.version import __version__
-
-    from vllm_kimi_k3_moe.verification import small_layer
-
-    line = _to_prove.pop()
-    try:
-        with small_layer.quietly():
-            proven = small_layer.prove(experts, moe_intermediate_size)
-    except Exception as error:  # a difference must never stop vLLM
-        why = str(error)
-        if not isinstance(error, small_layer.NotProven):
-            why = f"{type(error).__name__}: {why}"
-        _step_aside(
-            f"vllm-kimi-k3-moe: nothing patched on vLLM {__version__}, its code "
-            "differs from the code the plugin was verified on and a small layer "
-            "of this deployment built with the fixes did not hold "
-            f"({' '.join(why.split())}); vLLM runs as it would alone. Please "
-            "report it (README: Release policy)."
-        )
-        return False
-    logger.info(f"{line}; {proven}")
-    return True
 
 
 def _step_aside(line: str) -> None:
@@ -273,5 +234,7 @@ def unregister() -> None:
             sys.modules[patch_name].revert(module)
     _warned.clear()
     _decided.clear()
-    _to_prove.clear()
+    first_layer = sys.modules.get(FIRST_LAYER)
+    if first_layer is not None:
+        first_layer.forgive()
     _registered = False

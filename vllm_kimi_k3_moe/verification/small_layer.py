@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,7 +42,16 @@ from typing import Any
 
 import torch
 
+from vllm_kimi_k3_moe.formats.kernel_padding import backend_name
 from vllm_kimi_k3_moe.formats.layouts import TORCH_DTYPE_NAMES, safetensors_dtype
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe import said_once
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
+    logging_held_back,
+)
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
+    expert_layouts,
+)
 from vllm_kimi_k3_moe.verification.unwritten_memory import RandomUnwrittenMemory
 
 EXPERTS = 2  # experts per small layer: a second one shows the expert stride
@@ -54,17 +64,8 @@ def quietly() -> Iterator[None]:
     """vLLM's and the plugin's log lines of the small layers dropped, and the
     plugin's memory of lines said once left as it was: they are not what
     the model's layers do, which say theirs when built."""
-    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import routed_experts
-    from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
-        logging_held_back,
-    )
-
-    said = set(routed_experts._logged)
-    try:
-        with logging_held_back():
-            yield
-    finally:
-        routed_experts._logged.intersection_update(said)
+    with said_once.forgotten_after(), logging_held_back():
+        yield
 
 
 class NotProven(Exception):
@@ -109,15 +110,26 @@ def small_config(config: Any, rank: int) -> Any:
 def never_zero(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, gen: Any
 ) -> torch.Tensor:
-    """Random values of ``dtype``, none of them zero (every byte nonzero for
-    8-bit integers): a row the loader wrote is told from a zero pad."""
-    if dtype.is_floating_point:  # 2^-8 to 2^8: every exponent a format has
-        uniform = torch.rand(shape, generator=gen, device=device)
-        magnitude = torch.exp2(uniform * 16 - 8)
-        sign = torch.randint(0, 2, shape, generator=gen, device=device) * 2 - 1
-        return (magnitude * sign).to(dtype)
-    high = 256 if dtype == torch.uint8 else 2**7 if dtype == torch.int8 else 2**30
-    return torch.randint(1, high, shape, generator=gen, device=device, dtype=dtype)
+    """Random values of ``dtype`` whose bytes are all nonzero (a row the
+    loader wrote is told from a zero pad, byte by byte). Copied into a
+    parameter of the same dtype, bytes stay bytes (NaN patterns included);
+    ``finite`` below where the loader converts."""
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    data = torch.randint(
+        1, 256, (size,), generator=gen, device=device, dtype=torch.uint8
+    )
+    return data.view(dtype).reshape(shape)
+
+
+def finite(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, gen: Any
+) -> torch.Tensor:
+    """Random finite values of floating ``dtype``, none zero, of every
+    exponent from 2^-8 to 2^8 (rows differ): for a checkpoint dtype the
+    loader converts to the parameter's."""
+    uniform = torch.rand(shape, generator=gen, device=device)
+    sign = torch.randint(0, 2, shape, generator=gen, device=device) * 2 - 1
+    return (torch.exp2(uniform * 16 - 8) * sign).to(dtype)
 
 
 def _rows(tensor: torch.Tensor) -> torch.Tensor:
@@ -222,11 +234,7 @@ def _dtype_of(dtypes: tuple[str, ...], param: torch.Tensor) -> torch.dtype:
 
 def expert_tensors(small: Any, hidden: int, intermediate: int) -> list[ExpertTensor]:
     """Every sharded checkpoint tensor of ``small``'s method's format."""
-    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
-        strict_expert_loading as strict,
-    )
-
-    known = strict.expert_layouts(small.quant_method)
+    known = expert_layouts(small.quant_method)
     if known is None:
         method = type(small.quant_method).__name__
         raise NotProven(f"{method} loads no checkpoint format the plugin knows")
@@ -291,7 +299,10 @@ class SmallLayerProof:
             device = tensor.param.device
             if self.generator is None:
                 self.generator = torch.Generator(device).manual_seed(SEED + 1)
-            self.checkpoint[key] = never_zero(
+            converted = tensor.dtype != tensor.param.dtype
+            floating = tensor.dtype.is_floating_point
+            values = finite if converted and floating else never_zero
+            self.checkpoint[key] = values(
                 tensor.shape, tensor.dtype, device, self.generator
             )
         return self.checkpoint[key]
@@ -299,11 +310,6 @@ class SmallLayerProof:
     def one_gpu(self, rank: int) -> str:
         """Build, load and check the small layer of GPU ``rank``; its
         method and kernel."""
-        from vllm_kimi_k3_moe.formats.kernel_padding import backend_name
-        from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import (
-            is_online,
-        )
-
         with self.memory:
             small = rebuilt(self.layer, small_config(self.layer.moe_config, rank))
         method = small.quant_method
@@ -347,7 +353,8 @@ class SmallLayerProof:
             covered_once(runs, self.extents[tensor], f"expert {local}, {tensor}")
         return (
             f"proven on a small layer of this deployment ({kernel}, {gpus} "
-            f"GPUs x {EXPERTS} experts: every checkpoint row loaded once, pads "
+            f"GPU{'s' * (gpus > 1)} x {EXPERTS} experts: every checkpoint row "
+            "loaded once, pads "
             "zero over unwritten memory)"
         )
 

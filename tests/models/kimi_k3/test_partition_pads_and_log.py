@@ -12,10 +12,7 @@ from torch import nn
 
 from tests.models.kimi_k3.kimi_k3_formats import LEARNED_FORMAT, PUBLISHED_FORMATS
 from tests.models.kimi_k3.test_never_worse_than_vllm_alone import PARTITIONS
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe import partition
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe import (
-    routed_experts as routed_experts_partition,
-)
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe import partition, said_once
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 
@@ -108,10 +105,10 @@ def test_method_without_rule_keeps_vllm_alone_partition_zeroed(
 @pytest.fixture
 def plugin_log(caplog, monkeypatch):
     """The plugin's INFO lines, each process starting with none logged."""
-    monkeypatch.setattr(routed_experts_partition, "_logged", set())
-    monkeypatch.setattr(routed_experts_partition.logger, "handlers", [caplog.handler])
-    monkeypatch.setattr(routed_experts_partition.logger, "propagate", False)
-    caplog.set_level(logging.INFO, logger=routed_experts_partition.logger.name)
+    monkeypatch.setattr(said_once, "_said", set())
+    monkeypatch.setattr(said_once.logger, "handlers", [caplog.handler])
+    monkeypatch.setattr(said_once.logger, "propagate", False)
+    caplog.set_level(logging.INFO, logger=said_once.logger.name)
     return caplog
 
 
@@ -163,7 +160,7 @@ def test_one_log_line_per_process_says_what_was_allocated(
             fmt, backend, topology, prefix=f"model.layers.{layer}.block_sparse_moe"
         )
     # the plugin's own records (vLLM's, propagated, may be there too)
-    name = routed_experts_partition.logger.name
+    name = said_once.logger.name
     (record,) = [r for r in plugin_log.records if r.name == name]
     assert record.levelno == logging.INFO
     assert record.getMessage() == f"vllm-kimi-k3-moe: {expected}"

@@ -26,7 +26,8 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading impo
     expert_loading,
 )
 from vllm_kimi_k3_moe.patching import upstream_class
-from vllm_kimi_k3_moe.verification import verdict
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.verification import first_layer, verdict
 from vllm_kimi_k3_moe.verification.small_layer import (
     NotProven,
     Placed,
@@ -34,20 +35,30 @@ from vllm_kimi_k3_moe.verification.small_layer import (
     placed,
 )
 
-# the regression suite's partition at TP16 and TP32 (its columns 1 and 3)
-RIGHT = {
-    (fmt, backend, tp): partitions[column]
-    for fmt, backend, partitions in PARTITIONS
-    for tp, column in ((16, 1), (32, 3))
+# The regression suite's partition per format, backend and topology
+# (its ALIGNED_TOPOLOGIES: TP8, TP16, TP24, TP32, TP16 x DP2, TP32 EP).
+COLUMN = {
+    Topology(16): 1,
+    Topology(32): 3,
+    Topology(16, dp_size=2): 4,
+    Topology(32, expert_parallel=True): 5,
 }
+RIGHT = {
+    (fmt, backend, topology): partitions[column]
+    for fmt, backend, partitions in PARTITIONS
+    for topology, column in COLUMN.items()
+}
+TP32 = Topology(32)
 PROVEN = [
-    ("fp8-block", "triton", 32),  # whole 128-row blocks, the last GPUs none
-    ("fp8-block", "triton", 16),
-    ("mxfp4", "marlin", 32),
-    ("nvfp4", "cutlass", 32),  # torch.empty: the plugin's zero pads
-    ("w4a16", "marlin", 32),
-    ("awq", "marlin", 32),  # transposed, whole groups
-    ("bf16", "triton", 32),
+    ("fp8-block", "triton", TP32),  # whole 128-row blocks, the last GPUs none
+    ("fp8-block", "triton", Topology(16)),
+    ("mxfp4", "marlin", TP32),
+    ("mxfp4", "marlin", Topology(16, dp_size=2)),  # the split over TP x DP
+    ("mxfp4", "marlin", Topology(32, expert_parallel=True)),  # whole experts
+    ("nvfp4", "cutlass", TP32),  # torch.empty: the plugin's zero pads
+    ("w4a16", "marlin", TP32),
+    ("awq", "marlin", TP32),  # transposed, whole groups
+    ("bf16", "triton", TP32),
 ]
 
 
@@ -62,15 +73,13 @@ def unverified_code(kimi_model, fresh_registration, monkeypatch) -> Any:
     monkeypatch.setattr(verdict, "VERIFIED_CODE", other)
     fresh_registration.set_level(logging.INFO, logger=vllm_kimi_k3_moe.logger.name)
     vllm_kimi_k3_moe.register()
-    assert vllm_kimi_k3_moe.proof_pending()
+    assert first_layer.owed()
     return fresh_registration
 
 
-def build(model: Any, fmt: str, backend: str, tp: int) -> Any:
+def build(model: Any, fmt: str, backend: str, topology: Topology) -> Any:
     with helpers.moe_kernels_on_their_gpu():
-        return matrix.build_experts(
-            model, fmt, backend, helpers.Topology(tp), small=True
-        )
+        return matrix.build_experts(model, fmt, backend, topology, small=True)
 
 
 def plugin_lines(caplog: Any) -> list[logging.LogRecord]:
@@ -83,11 +92,11 @@ def plugin_lines(caplog: Any) -> list[logging.LogRecord]:
     ]
 
 
-@pytest.mark.parametrize(("fmt", "backend", "tp"), PROVEN)
+@pytest.mark.parametrize(("fmt", "backend", "topology"), PROVEN, ids=str)
 def test_the_first_layer_proves_the_fixes(
-    kimi_model, unverified_code, fmt, backend, tp
+    kimi_model, unverified_code, fmt, backend, topology
 ):
-    experts = build(kimi_model, fmt, backend, tp)
+    experts = build(kimi_model, fmt, backend, topology)
 
     (record,) = plugin_lines(unverified_code)
     assert record.levelno == logging.INFO
@@ -95,10 +104,11 @@ def test_the_first_layer_proves_the_fixes(
     assert "verified on this vLLM" in message
     method = type(experts.quant_method).__name__
     assert f"proven on a small layer of this deployment ({method}, " in message
-    assert f"{tp} GPUs x 2 experts" in message
-    assert not vllm_kimi_k3_moe.proof_pending()
+    split = topology.moe_group if not topology.expert_parallel else 1
+    assert f"{split} GPU{'s' * (split > 1)} x 2 experts" in message
+    assert not first_layer.owed()
     assert len(vllm_kimi_k3_moe._decided[0]) == len(vllm_kimi_k3_moe.PATCHES)
-    assert experts.intermediate_size_per_partition == RIGHT[fmt, backend, tp]
+    assert experts.intermediate_size_per_partition == RIGHT[fmt, backend, topology]
     assert expert_loading(experts) is not None  # strict loading on
 
 
@@ -141,7 +151,7 @@ def test_where_the_proof_fails_the_plugin_steps_aside_whole(
     from vllm.model_executor.layers.fused_moe import routed_experts
 
     _loader_without_whole_groups(monkeypatch)
-    experts = build(kimi_model, "fp8-block", "triton", 32)
+    experts = build(kimi_model, "fp8-block", "triton", TP32)
 
     (record,) = plugin_lines(unverified_code)
     assert record.levelno == logging.WARNING
@@ -162,7 +172,7 @@ def test_where_the_proof_fails_the_plugin_steps_aside_whole(
     assert experts.intermediate_size_per_partition == 256
     assert experts.moe_config.intermediate_size_per_partition_unpadded == 96
     vllm_kimi_k3_moe.unregister()
-    assert _layout(experts) == _layout(build(kimi_model, "fp8-block", "triton", 32))
+    assert _layout(experts) == _layout(build(kimi_model, "fp8-block", "triton", TP32))
 
 
 def _rows(*values: int) -> torch.Tensor:

@@ -337,15 +337,13 @@ def test_the_log_says_what_happened_when_it_happened(
 ):
     """The construction line claims no zeroing (the weights are on ``meta``
     then); the zeroing is said once it is done, after loading."""
-    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import routed_experts
+    from vllm_kimi_k3_moe.model_executor.layers.fused_moe import said_once
 
-    monkeypatch.setattr(routed_experts, "_logged", set())
-    monkeypatch.setattr(routed_experts.logger, "handlers", [caplog.handler])
-    monkeypatch.setattr(routed_experts.logger, "propagate", False)
-    caplog.set_level(logging.INFO, logger=routed_experts.logger.name)
+    monkeypatch.setattr(said_once, "_said", set())
+    monkeypatch.setattr(said_once.logger, "handlers", [caplog.handler])
+    monkeypatch.setattr(said_once.logger, "propagate", False)
+    caplog.set_level(logging.INFO, logger=said_once.logger.name)
     (path,) = [p for p in PATHS if p.name == name]
     quantize_rank(kimi_model, path, "triton", Rank(topology))
-    lines = [
-        r.getMessage() for r in caplog.records if r.name == routed_experts.logger.name
-    ]
+    lines = [r.getMessage() for r in caplog.records if r.name == said_once.logger.name]
     assert lines == [f"vllm-kimi-k3-moe: {line}" for line in expected]

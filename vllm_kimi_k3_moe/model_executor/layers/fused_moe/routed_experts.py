@@ -108,7 +108,6 @@ Verified against
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -129,6 +128,7 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     LayoutChooser,
     PartitionChoice,
 )
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.said_once import say_once
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
     KimiMoEBuild,
     current_kimi_moe_build,
@@ -137,6 +137,7 @@ from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
     in_vllm as model_fix_in_vllm,
 )
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
+from vllm_kimi_k3_moe.verification import first_layer
 
 __all__ = ["PartitionChoice", "apply", "revert", "zero_expert_tensors"]
 
@@ -154,9 +155,6 @@ TARGETS = (
     f"{_RELOAD_META}:materialize_meta_tensor",
 )
 _CALLED_BY_INIT = ("_get_quant_method", "maybe_roundup_sizes", "create_weights")
-
-logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
-_logged: set[str] = set()
 
 
 def zero_expert_tensors(layer: torch.nn.Module) -> None:
@@ -199,10 +197,7 @@ def _install(method: Any, build: KimiMoEBuild, chosen: Chosen) -> None:
         )
         if current_kimi_moe_build() is not build:
             return hidden, n
-        line = choice.log_line()
-        if line not in _logged:
-            _logged.add(line)
-            logger.info(line)
+        say_once(choice.log_line())
         return hidden, choice.allocated
 
     @functools.wraps(own_create_weights)
@@ -249,9 +244,7 @@ def _log_zeroed(choice: PartitionChoice, layer: torch.nn.Module) -> None:
         f"({choice.backend}): zeroed pad rows {held}-{allocated - 1} of every "
         "expert (gate, up and down) once loaded, before the method quantized them"
     )
-    if line not in _logged:
-        _logged.add(line)
-        logger.info(line)
+    say_once(line)
 
 
 def _kimi_k3_get_quant_method(own: Callable) -> Callable:
@@ -278,14 +271,12 @@ def _kimi_k3_get_quant_method(own: Callable) -> Callable:
 
 def _not_proven(experts: Any, build: KimiMoEBuild) -> bool:
     """On code the fixes were not verified on, the first layer built proves
-    them on a small copy of itself first (``verification.small_layer``);
+    them on a small copy of itself first (``verification.first_layer``);
     True where that failed (the plugin has stepped aside)."""
-    import vllm_kimi_k3_moe as plugin
-
-    if not plugin.proof_pending():
+    if not first_layer.owed():
         return False
     with torch.device(_device_for_proof()):
-        return not plugin.prove_on_first_layer(experts, build.logical_size)
+        return not first_layer.settle(experts, build.logical_size)
 
 
 def _device_for_proof() -> torch.device:

@@ -1,0 +1,60 @@
+"""The proof the first Kimi-K3 layer of a process owes, where some fix went
+on code it was not verified on (``verdict.Decision.prove``): the plugin's
+registration leaves it owed (``owe``), the partition patch settles it when
+vLLM builds that layer, before choosing its layout (``settle``:
+``small_layer``). Proven: the decision's line is said, with what was proven.
+Not: the registration's ``step_aside`` reverts every patch and says why in
+one warning, and the layer is built as vLLM alone builds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from vllm_kimi_k3_moe.verification import small_layer
+
+logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
+# (the decision's line, what steps the plugin aside given its warning)
+_owed: list[tuple[str, Callable[[str], None]]] = []
+
+
+def owe(line: str, step_aside: Callable[[str], None]) -> None:
+    """The first layer built must prove the fixes (once per process)."""
+    _owed[:] = [(line, step_aside)]
+
+
+def owed() -> bool:
+    return bool(_owed)
+
+
+def forgive() -> None:
+    """Nothing owed any more (the plugin unregistered)."""
+    _owed.clear()
+
+
+def settle(experts: Any, moe_intermediate_size: int) -> bool:
+    """Prove the fixes on small copies of ``experts`` (the first Kimi-K3
+    ``RoutedExperts`` under construction): True where they hold (the line
+    said), else False once the plugin stepped aside; never raises."""
+    from vllm.version import __version__
+
+    line, step_aside = _owed.pop()
+    try:
+        with small_layer.quietly():
+            proven = small_layer.prove(experts, moe_intermediate_size)
+    except Exception as error:  # a difference must never stop vLLM
+        why = str(error)
+        if not isinstance(error, small_layer.NotProven):
+            why = f"{type(error).__name__}: {why}"
+        step_aside(
+            f"vllm-kimi-k3-moe: nothing patched on vLLM {__version__}, its code "
+            "differs from the code the plugin was verified on and a small layer "
+            "of this deployment built with the fixes did not hold "
+            f"({' '.join(why.split())}); vLLM runs as it would alone. Please "
+            "report it (README: Release policy)."
+        )
+        return False
+    logger.info(f"{line}; {proven}")
+    return True
