@@ -85,10 +85,14 @@ def rebuilt(layer: Any, config: Any) -> Any:
     but ``config`` (its ``FusedMoEConfig``)."""
     cls = type(layer)
     arguments = {}
-    for name in list(inspect.signature(cls.__init__).parameters)[1:]:
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    for parameter in parameters:
+        name = parameter.name
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
         if name == "moe_config":
             arguments[name] = config
-        elif name in vars(layer) or hasattr(layer, name):
+        elif hasattr(layer, name):
             arguments[name] = getattr(layer, name)
         else:
             raise NotProven(f"{cls.__name__} takes {name}, which it does not keep")

@@ -48,10 +48,10 @@ suite's build tests fail when a name moves.
     that FlashMLA sparse's KV-cache spec still matches Hopper's first choice.
 ``stand_ins.linear_kernels_on_their_gpu``
     Replaces ``vllm.model_executor.kernels.linear.current_platform`` (as
-    CUDA) and ``is_supported`` of every CUDA kernel in the private
-    ``_POSSIBLE_FP8_BLOCK_KERNELS`` and ``_POSSIBLE_NVFP4_KERNELS``. Why:
-    the FP8-block and NVFP4 linear layers need a kernel to be built.
-    Re-check: those two private tables.
+    CUDA) and ``is_supported`` of every CUDA kernel in its private
+    ``_POSSIBLE_*_KERNELS`` tables. Why: a quantized linear layer (FP8
+    block, NVFP4, and those an online method such as ``fp8_per_channel``
+    quantizes) needs a kernel to be built. Re-check: those private tables.
 ``stand_ins.moe_kernels_on_their_gpu``
     Replaces ``_supports_current_device`` of every ``FusedMoEExperts``
     subclass, ``current_platform.supports_fp8`` and

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 ROUTED_PARAMETERS = ("experts.routed_experts.w13_", "experts.routed_experts.w2_")
@@ -61,8 +61,9 @@ class LayerAllocation:
     # built with the plugin: the rows vLLM alone's kernel keeps once its
     # weight preparation padded vLLM alone's partition again (None: as built)
     vllm_alone_resident: int | None = None
-    # built with the plugin: why its partition (the plugin's ``PartitionChoice``)
-    partition_reason: str | None = None
+    # built with the plugin: why its partition (the plugin's ``PartitionChoice``);
+    # words, not what is allocated: two allocations are equal without them
+    partition_reason: str | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, kimi_moe: Any) -> LayerAllocation:

@@ -1,5 +1,8 @@
-"""Stands in for the GPU vLLM's linear-kernel registry asks about, for the
-FP8-block and NVFP4 linear layers.
+"""Stands in for the GPU vLLM's linear-kernel registry asks about, for every
+quantized linear layer (each ``_POSSIBLE_*_KERNELS`` table of the registry:
+FP8 per block, per tensor and per token, NVFP4, MXFP8, INT8, W4A16, ...;
+an online method such as ``fp8_per_channel`` quantizes the linear layers
+too).
 
 Why: on a CPU box the registry (``vllm.model_executor.kernels.linear``)
 lists no kernel for them and the layer cannot be built. What the real
@@ -22,8 +25,8 @@ from vllm_kimi_k3_moe.patching import replaced_attributes
 class LinearKernelRegistryPlatform:
     """vLLM's current platform as its linear-kernel registry
     (``vllm.model_executor.kernels.linear``) sees it: the CUDA platform, so
-    the registry lists the CUDA kernels for FP8-block and NVFP4 linear
-    layers (on a CPU box it lists none, and the layer cannot be built).
+    the registry lists the CUDA kernels for quantized linear layers (on a
+    CPU box it lists none, and the layer cannot be built).
     Everything else is the real platform's answer. Holds no parameters."""
 
     def __init__(self, platform: Any) -> None:
@@ -45,8 +48,8 @@ def _supported(cls: type, compute_capability: Any = None) -> tuple[bool, None]:
 
 @contextmanager
 def linear_kernels_on_their_gpu() -> Iterator[None]:
-    """Let vLLM pick the kernel of a quantized linear layer (FP8 block,
-    NVFP4) as on the GPU it runs on: the registry lists the CUDA kernels and
+    """Let vLLM pick the kernel of a quantized linear layer (any of the
+    registry's tables) as on the GPU it runs on: the registry lists the CUDA kernels and
     each one's device check (``is_supported``) answers yes; what a kernel
     accepts of the layer (``can_implement``) and the priority order are
     vLLM's. The layer's weights are allocated by its quantization scheme
@@ -57,10 +60,8 @@ def linear_kernels_on_their_gpu() -> Iterator[None]:
 
     kernels = {
         kernel
-        for table in (
-            linear._POSSIBLE_FP8_BLOCK_KERNELS,
-            linear._POSSIBLE_NVFP4_KERNELS,
-        )
+        for name, table in vars(linear).items()
+        if name.startswith("_POSSIBLE_") and name.endswith("KERNELS")
         for kernel in table.get(PlatformEnum.CUDA, [])
     }
     with ExitStack() as stack:
