@@ -32,9 +32,10 @@ and one warning line names what differed.
 
 3. Where some fix goes on checked (not verified) code, the patches go on, but
    before any layer of the model gets them the first Kimi-K3 layer vLLM
-   builds proves them on a small copy of itself (``small_layer``: the same
-   method and kernel, each GPU of the split, unwritten memory random, every
-   checkpoint row loaded once, pads zero). Proven: the line says so. Not:
-   every patch is reverted, that layer and all others are vLLM alone's, and
-   one warning says what did not hold.
+   builds proves them on a small copy of itself (``first_layer`` holds what
+   is owed, ``small_layer`` builds and checks: the same method and kernel,
+   each GPU of the split, unwritten memory random, every checkpoint row
+   loaded once, pads zero). Proven: the line says so. Not: every patch is
+   reverted, that layer and all others are vLLM alone's, and one warning
+   says what did not hold.
 """

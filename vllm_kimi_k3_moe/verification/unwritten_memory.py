@@ -11,6 +11,7 @@ dummy weights are what they would be without the proof.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,20 +23,17 @@ from torch.overrides import TorchFunctionMode
 _UNWRITTEN = (torch.empty, torch.empty_strided)
 
 
-class RandomUnwrittenMemory(TorchFunctionMode):
-    """``with RandomUnwrittenMemory(seed):`` fresh allocations read as
-    random bytes (seeded, per device)."""
+class UnwrittenMemory(TorchFunctionMode):
+    """Within ``with UnwrittenMemory(fill):`` every fresh allocation (of
+    ``_UNWRITTEN``, any device but ``meta``) has its bytes set by ``fill``
+    (given them as one flat ``uint8`` tensor). A mode, not a replaced
+    ``torch.empty``: torch's device contexts recognise the constructors they
+    place by identity, and a replacement seen by the first ``torch.device``
+    block of a process stays in torch's cache."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, fill: Callable[[torch.Tensor], Any]) -> None:
         super().__init__()
-        self.seed = seed
-        self.generators: dict[torch.device, torch.Generator] = {}
-
-    def _generator(self, device: torch.device) -> torch.Generator:
-        if device not in self.generators:
-            generator = torch.Generator(device=device)
-            self.generators[device] = generator.manual_seed(self.seed)
-        return self.generators[device]
+        self.fill = fill
 
     def __torch_function__(
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -49,7 +47,21 @@ class RandomUnwrittenMemory(TorchFunctionMode):
             and result.is_contiguous()
         ):
             with torch.no_grad():
-                result.view(-1).view(torch.uint8).random_(
-                    0, 256, generator=self._generator(result.device)
-                )
+                self.fill(result.view(-1).view(torch.uint8))
         return result
+
+
+class RandomUnwrittenMemory(UnwrittenMemory):
+    """``with RandomUnwrittenMemory(seed):`` fresh allocations read as
+    random bytes (seeded, a generator per device)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(self._random)
+        self.seed = seed
+        self.generators: dict[torch.device, torch.Generator] = {}
+
+    def _random(self, data: torch.Tensor) -> None:
+        if data.device not in self.generators:
+            generator = torch.Generator(device=data.device)
+            self.generators[data.device] = generator.manual_seed(self.seed)
+        data.random_(0, 256, generator=self.generators[data.device])

@@ -16,9 +16,12 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
-import torch
-from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
+from torch import nn
+
+from vllm_kimi_k3_moe.verification.unwritten_memory import (
+    RandomUnwrittenMemory,
+    UnwrittenMemory,
+)
 
 
 @contextmanager
@@ -46,63 +49,23 @@ class AttentionStandIn(nn.Module):
         super().__init__()
 
 
-# The allocations whose bytes are left as memory held: ``torch.empty``, and
-# ``torch.empty_strided``, with which vLLM's layerwise loader materialises a
-# parameter an online-quantization method allocated on ``meta``
-# (``reload.meta.materialize_meta_tensor``).
-_UNINITIALISED = (torch.empty, torch.empty_strided)
-
-
-class _FilledEmpty(TorchFunctionMode):
-    """Fills every contiguous CPU tensor ``torch.empty`` or
-    ``torch.empty_strided`` returns with one byte, or with random bytes from
-    ``generator``. A mode, not a replaced
-    ``torch.empty``: torch's device contexts recognise the constructors they
-    place by identity, and a replacement seen by the first ``torch.device``
-    block of a process stays in torch's cache (a later ``torch.device("meta")``
-    then no longer places ``torch.empty``)."""
-
-    def __init__(self, byte: int, generator: torch.Generator | None = None) -> None:
-        super().__init__()
-        self.byte = byte
-        self.generator = generator
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
-        result = func(*args, **(kwargs or {}))
-        if (
-            func in _UNINITIALISED
-            and isinstance(result, Tensor)
-            and result.device.type == "cpu"
-            and result.dim()
-            and result.is_contiguous()
-        ):
-            data = result.view(torch.uint8)
-            if self.generator is None:
-                data.fill_(self.byte)
-            else:
-                data.random_(0, 256, generator=self.generator)
-        return result
-
-
 @contextmanager
 def uninitialised_memory_reads(byte: int) -> Iterator[None]:
-    """``torch.empty`` and ``torch.empty_strided`` on the CPU return tensors
-    whose bytes are ``byte``:
-    what a GPU allocation may hold before anything is written (a CPU often
-    hands out zeroed pages instead, which would hide a pad nobody wrote)."""
-    with _FilledEmpty(byte):
+    """``torch.empty`` and ``torch.empty_strided`` return tensors whose bytes
+    are ``byte``: what a GPU allocation may hold before anything is written
+    (a CPU often hands out zeroed pages instead, which would hide a pad
+    nobody wrote). The plugin's own mode (``unwritten_memory``), one byte."""
+    with UnwrittenMemory(lambda data: data.fill_(byte)):
         yield
 
 
 @contextmanager
 def random_uninitialised_memory(seed: int) -> Iterator[None]:
-    """``torch.empty`` and ``torch.empty_strided`` on the CPU return tensors
-    of random bytes (seeded): one constant byte can cancel out in a forward
-    or happen to decode as zero in some format; random bytes in a pad show
-    whoever reads it."""
-    with _FilledEmpty(0, torch.Generator().manual_seed(seed)):
+    """``torch.empty`` and ``torch.empty_strided`` return tensors of random
+    bytes (seeded): one constant byte can cancel out in a forward or happen
+    to decode as zero in some format; random bytes in a pad show whoever
+    reads it."""
+    with RandomUnwrittenMemory(seed):
         yield
 
 
