@@ -81,7 +81,12 @@ How
     layer's pads keep scale 0 (vLLM's loader would give them 1; an INT zero
     code is not zero). Each process logs one line per method, backend and
     partition (it claims no zeroing), and one when an online layer's pads
-    were zeroed.
+    were zeroed. On vLLM code the plugin was not verified on, the first
+    layer settles the proof the registration left owed before anything
+    else (``verification.first_layer``: its small copies, built by this
+    same wrapper, on every GPU of its split); where it does not hold, the
+    plugin has stepped aside and this layer is built as vLLM alone builds it
+    (``LayoutChooser.as_vllm_alone``, ``KimiMoEBuild.stepped_aside``).
 Related PR
     The same vLLM PR as the model patch: "Kimi-K3 NVIDIA: delegate regular
     FusedMoE padding to the selected quantization backend" (its backends must
