@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 PROJECTIONS = ("w1", "w3", "w2")  # gate, up, down
+# vLLM's per-expert parameter stems and the projections each holds, in order
+# along its rows (w1 and w3 fused into ``w13_*``)
+PARAMETER_PROJECTIONS = {"w13": ("w1", "w3"), "w2": ("w2",)}
 SCALE = "weight_scale"
 FLOAT_SCALES = ("BF16", "F16", "F32")  # scales stored in a float dtype
 

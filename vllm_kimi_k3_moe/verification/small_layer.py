@@ -43,7 +43,11 @@ from typing import Any
 import torch
 
 from vllm_kimi_k3_moe.formats.kernel_padding import backend_name
-from vllm_kimi_k3_moe.formats.layouts import TORCH_DTYPE_NAMES, safetensors_dtype
+from vllm_kimi_k3_moe.formats.layouts import (
+    PARAMETER_PROJECTIONS,
+    TORCH_DTYPE_NAMES,
+    safetensors_dtype,
+)
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import said_once
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
@@ -249,7 +253,7 @@ def expert_tensors(small: Any, hidden: int, intermediate: int) -> list[ExpertTen
         layouts = [t for t in tensors.sharded if t.suffix == suffix]
         if not layouts:
             continue  # a per-tensor value, loaded whole by every GPU
-        for stem, projections in (("w13", ("w1", "w3")), ("w2", ("w2",))):
+        for stem, projections in PARAMETER_PROJECTIONS.items():
             name = f"{stem}_{parameter_suffix}"
             param = getattr(small, name, None)
             if param is None or param.dim() != 3:

@@ -78,6 +78,7 @@ from torch import nn
 
 from vllm_kimi_k3_moe.formats import format_of_method
 from vllm_kimi_k3_moe.formats.layouts import (
+    PARAMETER_PROJECTIONS,
     ExpertTensors,
     TensorContract,
     safetensors_dtype,
@@ -340,7 +341,7 @@ def _install(
             continue
         stem, parameter_suffix = match.groups()
         suffix = checkpoint_suffixes[parameter_suffix]
-        projections = ("w1", "w3") if stem == "w13" else ("w2",)
+        projections = PARAMETER_PROJECTIONS[stem]
         loading.expert_tensors += [(projection, suffix) for projection in projections]
         param.weight_loader = loading.loader_for(suffix, param.weight_loader)
 
