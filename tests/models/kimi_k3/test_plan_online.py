@@ -16,7 +16,9 @@ give the bytes at Kimi-K3's shape.
 
 from __future__ import annotations
 
+import json
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,10 @@ from benchmarks.header_set import write as write_header_set
 from tests.models.kimi_k3.preparation.online import PATHS, quantize_rank
 from tests.models.kimi_k3.test_plan_to_check import node_blocks
 from vllm_kimi_k3_moe.tools.cli import main
-from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
+from vllm_kimi_k3_moe.tools.deployment.text_config import (
+    KIMI_K3_TEXT_CONFIG,
+    one_layer_of_each,
+)
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 
@@ -146,3 +151,175 @@ def test_plan_sizes_a_method_that_quantizes_the_linear_layers_too(kimi_model):
     runtime_rows = runtime.experts.moe_config.intermediate_size_per_partition
     assert moe.fixed.intermediate_per_rank == runtime_rows == 96
     assert moe.upstream.intermediate_per_rank == 256
+
+
+def planned(capsys, *args: str) -> dict:
+    """``plan ... --json``'s one deployment."""
+    out, _ = printed(capsys, "plan", *args, "--json")
+    (document,) = json.loads(out)
+    return document
+
+
+def refusal(capsys, *args: str) -> str:
+    """The one line ``plan`` ends with where it cannot size what it was
+    asked."""
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", *args])
+    assert exited.value.code == 2
+    return capsys.readouterr().err.splitlines()[-1]
+
+
+def runtime_rows(kimi_model, name: str, backend: str) -> int:
+    """GPU 0 of TP32's rows, quantized by ``name`` on the CPU as at runtime
+    (on the GPU generation the method is built for)."""
+    (path,) = [p for p in PATHS if p.name == name]
+    runtime = quantize_rank(kimi_model, path, backend, Rank(Topology(32)))
+    assert runtime.error is None, runtime.error
+    return runtime.experts.moe_config.intermediate_size_per_partition
+
+
+def test_a_method_built_on_blackwell_only_is_sized_on_the_gpu_named(
+    kimi_model, capsys
+) -> None:
+    """vLLM builds ``nvfp4_per_token`` only on a Blackwell GPU (its method
+    asks the platform): with ``--gpu b200`` plan builds as there and gives
+    the runtime's rows; with no GPU named it says which GPUs build it."""
+    document = planned(
+        capsys, "--quantization", "nvfp4_per_token", "--gpu", "b200", "--tp", "32"
+    )
+    rows = runtime_rows(kimi_model, "nvfp4_per_token", "marlin")
+    assert document["fixed_per_layer"]["intermediate_per_rank"] == rows == 128
+    assert document["upstream_per_layer"]["intermediate_per_rank"] == 256
+    assert "--quantization nvfp4_per_token" in document["serve_command"]
+    line = refusal(capsys, "--quantization", "nvfp4_per_token", "--tp", "32")
+    assert "requires a Blackwell" in line  # vLLM's own words
+    assert line.endswith("vLLM builds it on --gpu b200, gb200, b300, gb300"), line
+
+
+def test_a_backend_vllm_refuses_names_the_backends_it_builds_on(capsys) -> None:
+    """FP8 per channel has no Marlin kernel (plan's default backend): the
+    refusal is vLLM's, and the backends plan names instead are those vLLM
+    alone builds the method on (``PATHS``, held to vLLM's selection)."""
+    line = refusal(capsys, "--quantization", "fp8_per_channel", "--tp", "32")
+    assert "MARLIN backend" in line  # vLLM's own words
+    named = line.rsplit("vLLM builds it with --moe-backend ", 1)[1]
+    (path,) = [p for p in PATHS if p.name == "fp8_per_channel"]
+    assert set(re.findall(r"[a-z0-9_]+", named)) - {"not", "known", "here"} >= set(
+        path.backends
+    ), line
+    assert "marlin" not in named
+
+
+def test_mxfp4_over_a_bf16_checkpoint_quantizes_while_loading(
+    kimi_model, tmp_path: Path, capsys
+) -> None:
+    """``--quantization mxfp4`` over a BF16 checkpoint (``--config`` declares
+    no quantization_config) is vLLM's online MXFP4, as vLLM reads it: sized
+    as the runtime quantizes it; without ``--config`` it is the release."""
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["KimiK3ForConditionalGeneration"],
+                "text_config": KIMI_K3_TEXT_CONFIG,
+            }
+        )
+    )
+    asked = ("--quantization", "mxfp4", "--gpu", "b200", "--tp", "32")
+    online = planned(capsys, "--config", str(tmp_path), *asked)
+    rows = runtime_rows(kimi_model, "mxfp4", "marlin")
+    assert online["fixed_per_layer"]["intermediate_per_rank"] == rows
+    assert (
+        "what Mxfp4OnlineMoEMethod quantizes"
+        in (online["fixed_per_layer"]["partition_reason"])
+    )
+    assert "--quantization mxfp4" in online["serve_command"]
+    release = planned(capsys, *asked)
+    assert "--quantization" not in release["serve_command"]
+    assert "Mxfp4OnlineMoEMethod" not in release["fixed_per_layer"]["partition_reason"]
+
+
+ONLINE_FP8_BLOCK = json.dumps({"moe": "fp8_per_block"})
+
+
+def test_quantization_config_is_sized_and_checked_as_printed(
+    kimi_model, tmp_path: Path, capsys
+) -> None:
+    """``--quantization online --quantization-config '{"moe": ...}'``: the
+    flags the runtime's CPU path quantizes with (``OnlinePath.online``);
+    plan gives the runtime's rows, prints both flags in its serve line, and
+    check takes that line as printed, with the same rows."""
+    asked = ("--quantization", "online", "--quantization-config", ONLINE_FP8_BLOCK)
+    document = planned(capsys, *asked, "--tp", "32")
+    assert document["fixed_per_layer"]["intermediate_per_rank"] == 128
+    assert document["upstream_per_layer"]["intermediate_per_rank"] == 256
+    write_header_set(tmp_path, "bf16")
+    out, _ = printed(
+        capsys, "plan", *asked, "--gpu", "b300", "--tp", "32", "--model", str(tmp_path)
+    )
+    head = node_blocks(out)["node 0"]
+    assert f"--quantization-config '{ONLINE_FP8_BLOCK}'" in head
+    checked, _ = printed(capsys, "check", "--serve-command", head)
+    assert checked.splitlines()[-1].startswith("OK "), checked
+    assert "128 intermediate rows per expert with this plugin (upstream 256)" in (
+        checked
+    )
+
+
+@pytest.mark.parametrize(
+    ("asked", "named"),
+    [
+        (("--quantization", "online"), "--quantization-config"),
+        (("--quantization-config", ONLINE_FP8_BLOCK), "--quantization online"),
+        (("--quantization", "online", "--quantization-config", "{moe"), "not JSON"),
+        (
+            ("--quantization", "online", "--quantization-config", '{"moe": "fp9"}'),
+            "unknown quantization name 'fp9'",  # vLLM's own words
+        ),
+    ],
+)
+def test_a_quantization_config_plan_cannot_size_is_refused_in_one_line(
+    capsys, asked, named
+) -> None:
+    assert named in refusal(capsys, *asked)
+
+
+@pytest.mark.parametrize(
+    ("method", "scales"),
+    [
+        ("fp8_per_block", (7168 // BLOCK) * (WIDTH // BLOCK)),  # per block
+        ("fp8_per_tensor", 1),  # one, the all-reduced maximum's
+    ],
+)
+def test_plan_counts_the_linear_layers_a_method_quantizes_too(
+    kimi_model, capsys, method, scales
+) -> None:
+    """FP8 per block and per tensor quantize the linear layers as well
+    (their shorthands' ``linear`` spec): the latent projections (7168 x
+    3584 and back, whole on every GPU) are counted as FP8 values and their
+    FP32 scales, not as the BF16 vLLM allocates before quantizing."""
+    document = planned(capsys, "--quantization", method, "--tp", "32")
+    assert KIMI_K3_TEXT_CONFIG["hidden_size"] == 7168
+    projection = 7168 * WIDTH  # one byte per FP8 value
+    for side in ("fixed_per_layer", "upstream_per_layer"):
+        assert document[side]["latent_bytes"] == 2 * (projection + 4 * scales)
+
+
+@pytest.mark.parametrize("method", ["fp8_per_tensor", "fp8_per_channel", "mxfp8"])
+def test_every_linear_layer_a_method_quantizes_is_counted_quantized(
+    kimi_model, method
+) -> None:
+    """Each linear layer the method quantizes (tensor-parallel ones too,
+    whose scale vLLM takes over the GPUs sharding them) is run through
+    vLLM's own quantization on ``meta``; none is left counted as BF16."""
+    from vllm_kimi_k3_moe.tools.deployment.topology import Serving
+    from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
+    from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
+
+    layers = one_layer_of_each(KIMI_K3_TEXT_CONFIG)
+    serving = Serving(language_model_only=True)
+    deployment = Deployment(32, backend="triton", quantization="bf16", online=method)
+    with tempfile.TemporaryDirectory() as directory:
+        model_dir = write_model_dir(layers, None, serving, Path(directory))
+        built = build_rank(kimi_model.KimiMoE, layers, deployment, serving, model_dir)
+    quantized, left = built.online_linear
+    assert quantized > 0 and left == 0, built.online_linear

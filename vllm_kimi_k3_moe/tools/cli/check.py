@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.formats import FORMATS
+from vllm_kimi_k3_moe.formats import FORMATS, FormatError
 from vllm_kimi_k3_moe.formats.bf16 import BF16
 from vllm_kimi_k3_moe.tools.check.hub_cache import checkpoint_directory
 from vllm_kimi_k3_moe.tools.check.json_report import as_json
@@ -45,6 +45,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     Topology,
     validate_prefill_context_parallel,
 )
+from vllm_kimi_k3_moe.tools.plan.online_names import online_config
 from vllm_kimi_k3_moe.tools.plan.planner import (
     MoeMemoryPlan,
     PlanError,
@@ -172,6 +173,7 @@ class CheckInput:
     # the serve line's --quantization (a method quantizing a BF16 checkpoint
     # while loading it, as plan prints it); None: the checkpoint's own
     quantization: str | None = None
+    quantization_config: str | None = None  # its --quantization-config (JSON)
 
 
 def _asked(args: argparse.Namespace) -> CheckInput:
@@ -210,6 +212,7 @@ def _asked(args: argparse.Namespace) -> CheckInput:
         line.pcp_size,
         None if line.moe_backend == "auto" else line.moe_backend,
         line.quantization,
+        line.quantization_config,
     )
 
 
@@ -223,11 +226,7 @@ def run(args: argparse.Namespace) -> int:
         fail("check", str(error))
     backend = asked.backend
     if args.json:
-        plan = (
-            None
-            if backend is None
-            else _vllm_allocation(report, backend, asked.quantization)
-        )
+        plan = None if backend is None else _vllm_allocation(report, backend, asked)
         # as text: sys.stdout may be a stream without a binary buffer
         print(as_json(report, plan).decode(), end="", flush=True)
         return report.status
@@ -235,23 +234,33 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join([*headline(report), *summary(report)]), flush=True)
     if backend is not None:
         stages = report.stages if report.parallelism.pp_size > 1 else []
-        moe = _vllm_allocation(report, backend, asked.quantization)
+        moe = _vllm_allocation(report, backend, asked)
         print("\n".join(allocation(moe, stages)))
     print("\n".join([*problem_lines(report.problems, args.show_all), *verdict(report)]))
     return report.status
 
 
 def _vllm_allocation(
-    report: PreflightReport, backend: str, quantization: str | None = None
+    report: PreflightReport, backend: str, asked: CheckInput
 ) -> MoeMemoryPlan:
     """check --moe-backend: what vLLM allocates for the checkpoint's
     deployment, upstream and with the plugin (imports vLLM); a BF16
-    checkpoint served with ``--quantization NAME`` (``plan``'s serve line
-    for an online method) as quantized while loading, as ``plan`` sizes it."""
+    checkpoint served with ``--quantization NAME`` (and
+    ``--quantization-config``: ``plan``'s serve line for an online method)
+    as quantized while loading, as ``plan`` sizes it."""
     print(f"building vLLM's Kimi-K3 model for {backend} ...", file=sys.stderr)
     fmt = report.layout.format.format.name
+    quantization = asked.quantization
     online = quantization if fmt == BF16.name and quantization else None
-    deployment = Deployment.of(report.parallelism, backend, fmt, online)
+    try:
+        config = (
+            None
+            if asked.quantization_config is None
+            else online_config(online, asked.quantization_config, fmt != BF16.name)
+        )
+    except FormatError as error:
+        fail("check", str(error))
+    deployment = Deployment.of(report.parallelism, backend, fmt, online, config)
     assert report.layout.language_model is not None  # read with --moe-backend
     try:
         with quiet_vllm():

@@ -161,6 +161,13 @@ def add_command(commands: Subcommands) -> None:
     add_context_parallel(plan)
     add_format_and_backend(plan, online=True)
     plan.add_argument(
+        "--quantization-config",
+        metavar="JSON",
+        help="vLLM's --quantization-config, with --quantization online or an "
+        """online method's name over a BF16 checkpoint (e.g. '{"moe": """
+        """"fp8_per_block"}'); passed to vLLM as given""",
+    )
+    plan.add_argument(
         "--kv-cache-dtype",
         type=str.lower,
         choices=KV_CACHE_DTYPES,
@@ -362,6 +369,7 @@ def advisor_command(args: argparse.Namespace, gpus: int, **options: str) -> str:
     )
     given = {
         "quantization": args.quantization,
+        "quantization_config": args.quantization_config,
         "config": args.config,
         "moe_backend": args.moe_backend
         if args.moe_backend.lower() != "marlin"
@@ -432,6 +440,7 @@ def plan_command(args: argparse.Namespace, topology: Topology) -> str:
         words.append("--ep")
     for option, value in (
         ("--quantization", args.quantization),
+        ("--quantization-config", args.quantization_config),
         ("--config", args.config),
         (
             "--moe-backend",

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import importlib
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import vllm_kimi_k3_moe
-from vllm_kimi_k3_moe.formats import format_named
+from vllm_kimi_k3_moe.formats import FORMATS, format_named
 from vllm_kimi_k3_moe.tools.deployment.text_config import (
     main_moe_layers,
     one_layer_of_each,
@@ -37,6 +38,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     Serving,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
+    SERVING_GPU_CAPABILITY,
     a_gpu_of_capability,
     runs_on_capability,
 )
@@ -87,13 +89,14 @@ class KernelOnGpu:
 def kernel_on_gpu(
     text_config: dict[str, Any],
     deployment: Deployment,
-    capability: tuple[int, int],
+    capability: tuple[int, int] | None,
     quantization_config: dict[str, Any] | None = None,
 ) -> KernelOnGpu:
     """What vLLM selects for ``deployment``'s ``--moe-backend`` on a GPU of
-    ``capability``: the MoE layer built as plan builds it (one dense and
-    one MoE layer of ``text_config``, the plugin registered), each kernel's
-    device check answering as on that GPU. Imports vLLM."""
+    ``capability`` (None: any GPU that runs the kernel): the MoE layer built
+    as plan builds it (one dense and one MoE layer of ``text_config``, the
+    plugin registered), each kernel's device check answering as on that
+    GPU. Imports vLLM."""
     vllm_kimi_k3_moe.register()
     model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
     # one stage: pipeline stages change which layers a GPU holds, not the
@@ -102,10 +105,13 @@ def kernel_on_gpu(
     layers = one_layer_of_each(text_config)
     config = quantization_config or deployment.format.published_quantization_config()
     serving = Serving(language_model_only=True)
+    on_the_gpu = (
+        nullcontext() if capability is None else a_gpu_of_capability(capability)
+    )
     with tempfile.TemporaryDirectory(prefix="kimi-k3-kernel-") as directory:
         model_dir = write_model_dir(layers, config, serving, Path(directory))
         try:
-            with a_gpu_of_capability(capability):
+            with on_the_gpu:
                 built = build_rank(
                     model.KimiMoE, layers, deployment, serving, model_dir
                 )
@@ -117,8 +123,81 @@ def kernel_on_gpu(
     chosen = getattr(method, "experts_cls", None)
     if chosen is None:  # the method runs its own kernel, which vLLM checked
         return KernelOnGpu(deployment.backend, type(method).__name__)
-    verified = runs_on_capability(chosen, capability) is not None
+    # None on every GPU generation: its check asks for what this machine lacks
+    asked = capability or SERVING_GPU_CAPABILITY
+    verified = runs_on_capability(chosen, asked) is not None
     return KernelOnGpu(deployment.backend, chosen.__name__, verified=verified)
+
+
+def candidate_backends(deployment: Deployment) -> tuple[str, ...]:
+    """The ``--moe-backend`` names ``deployment``'s experts may run on: its
+    format's; for a method quantizing the BF16 checkpoint while loading it
+    (whose kernels no format lists), every format's (the NVIDIA kernels
+    plan knows; vLLM's selection refuses those the method does not take)."""
+    if deployment.online is None:
+        return format_named(deployment.quantization).moe_backends
+    return tuple(dict.fromkeys(b for fmt in FORMATS for b in fmt.moe_backends))
+
+
+def other_backends(
+    text_config: dict[str, Any],
+    deployment: Deployment,
+    capability: tuple[int, int] | None,
+    quantization_config: dict[str, Any] | None = None,
+) -> tuple[list[str], list[str]]:
+    """The other ``--moe-backend`` names vLLM builds ``deployment`` on, on a
+    GPU of ``capability`` (None: any): (those whose kernel runs there, those
+    whose kernel's device check asks for a library this machine lacks)."""
+    answers = [
+        kernel_on_gpu(
+            text_config,
+            replace(deployment, backend=backend),
+            capability,
+            quantization_config,
+        )
+        for backend in candidate_backends(deployment)
+        if backend != deployment.backend
+    ]
+    running = [answer.backend for answer in answers if answer.runs and answer.verified]
+    untold = [
+        answer.backend for answer in answers if answer.runs and not answer.verified
+    ]
+    return running, untold
+
+
+def _in_words(running: list[str], untold: list[str]) -> str:
+    """Backends that run, and those not known here, in words."""
+    return ", ".join(running) + (
+        f" (not known here: {', '.join(untold)}, whose kernels need a "
+        "library this machine lacks)"
+        if untold
+        else ""
+    )
+
+
+def what_builds_instead(
+    text_config: dict[str, Any],
+    deployment: Deployment,
+    capability: tuple[int, int] | None,
+    quantization_config: dict[str, Any] | None = None,
+) -> str:
+    """Where vLLM refuses to build ``deployment`` on a GPU of ``capability``
+    (None: no GPU named), what it builds instead, in words: the other
+    ``--moe-backend`` names it builds on; with no GPU named and none, the
+    ``--gpu`` presets it builds on. Empty where nothing was found."""
+    running, untold = other_backends(
+        text_config, deployment, capability, quantization_config
+    )
+    if running or untold:
+        return f"vLLM builds it with --moe-backend {_in_words(running, untold)}"
+    if capability is not None:
+        return ""
+    builds = {
+        of: kernel_on_gpu(text_config, deployment, of, quantization_config).runs
+        for of in set(GPU_CAPABILITY.values())
+    }
+    gpus = [gpu for gpu, of in GPU_CAPABILITY.items() if builds[of]]
+    return f"vLLM builds it on --gpu {', '.join(gpus)}" if gpus else ""
 
 
 def refuse_a_kernel_the_gpu_cannot_run(
@@ -130,33 +209,19 @@ def refuse_a_kernel_the_gpu_cannot_run(
     """vLLM's selection for ``deployment``'s ``--moe-backend`` on ``gpu``;
     ``DeploymentError`` where it selects no kernel for ``deployment``'s
     ``--moe-backend`` on ``gpu`` (a ``--gpu`` preset), naming vLLM's reason
-    and the format's backends that do run there. Imports vLLM."""
+    and the other backends that do run there. Imports vLLM."""
     capability = GPU_CAPABILITY[gpu.lower()]
     answer = kernel_on_gpu(text_config, deployment, capability, quantization_config)
     if answer.runs:
         return answer
-    others = [
-        kernel_on_gpu(
-            text_config,
-            replace(deployment, backend=backend),
-            capability,
-            quantization_config,
-        )
-        for backend in format_named(deployment.quantization).moe_backends
-        if backend != deployment.backend
-    ]
-    running = [other.backend for other in others if other.runs and other.verified]
-    untold = [other.backend for other in others if other.runs and not other.verified]
+    running, untold = other_backends(
+        text_config, deployment, capability, quantization_config
+    )
     major, minor = capability
     raise DeploymentError(
         f"--moe-backend {deployment.backend} does not run on {gpu} (compute "
         f"capability {major}.{minor}): vLLM selects no kernel for it there "
-        f"({answer.refusal}); on {gpu} {deployment.quantization} runs on "
-        f"{', '.join(running) or 'none of its backends'}"
-        + (
-            f" (not known here: {', '.join(untold)}, whose kernels need a "
-            "library this machine lacks)"
-            if untold
-            else ""
-        )
+        f"({answer.refusal}); on {gpu} "
+        f"{deployment.online or deployment.quantization} runs on "
+        f"{_in_words(running, untold) or 'none of its backends'}"
     )

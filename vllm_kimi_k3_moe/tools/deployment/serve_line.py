@@ -41,6 +41,8 @@ class ServeLine:
     node_rank: int  # --node-rank
     headless: bool  # --headless: a node other than the API server's
     quantization: str | None = None  # --quantization, as vLLM's parser read it
+    # --quantization-config's JSON, as the line gives it (the last one)
+    quantization_config: str | None = None
 
 
 def _without_line_continuations(command: str) -> str:
@@ -99,6 +101,19 @@ def named_model(words: list[str]) -> str | None:
     return None
 
 
+def given_json(words: list[str], option: str) -> str | None:
+    """The text of the last ``option VALUE`` or ``option=VALUE`` in
+    ``words`` (vLLM's parser keeps the last too, but hands back what it
+    made of the JSON, not the JSON)."""
+    found = None
+    for index, word in enumerate(words):
+        if word == option and index + 1 < len(words):
+            found = words[index + 1]
+        elif word.startswith(f"{option}="):
+            found = word.removeprefix(f"{option}=")
+    return found
+
+
 def read_serve_command(command: str) -> ServeLine:
     """``command`` read by vLLM's ``vllm serve`` parser (imports vLLM)."""
     words = serve_words(command)
@@ -114,6 +129,12 @@ def read_serve_command(command: str) -> ServeLine:
     with a_cuda_platform_for_the_parser():
         parser = make_arg_parser(OneLineParser(prog="vllm serve"))
     args = parser.parse_args(words)
+    quantization_config = given_json(words, "--quantization-config")
+    if args.quantization_config is not None and quantization_config is None:
+        raise ServeCommandError(
+            "--serve-command: check reads --quantization-config given as one "
+            "JSON word (--quantization-config '{...}')"
+        )
     topology = Topology(
         args.tensor_parallel_size,
         dp_size=args.data_parallel_size,
@@ -136,4 +157,5 @@ def read_serve_command(command: str) -> ServeLine:
         node_rank=args.node_rank,
         headless=args.headless,
         quantization=args.quantization,
+        quantization_config=quantization_config,
     )

@@ -121,11 +121,13 @@ class Deployment(Topology):
     """What ``vllm serve`` would be asked for: the topology, the checkpoint's
     format (a ``vllm_kimi_k3_moe.formats`` name), the MoE kernel and, for a
     BF16 checkpoint quantized while vLLM loads it, the online method
-    (``vllm serve --quantization NAME``, one of vLLM's online shorthands)."""
+    (``vllm serve --quantization NAME``, one of vLLM's online shorthands,
+    or ``online``) and its ``--quantization-config`` (JSON), if any."""
 
     backend: str = "marlin"
     quantization: str = "mxfp4"
     online: str | None = None
+    online_config: str | None = None
 
     @classmethod
     def of(
@@ -134,11 +136,19 @@ class Deployment(Topology):
         backend: str,
         quantization: str,
         online: str | None = None,
+        online_config: str | None = None,
     ) -> Deployment:
         """``topology`` served in ``quantization`` on ``backend`` (quantized
-        while loading by ``online``, if given)."""
+        while loading by ``online`` with ``--quantization-config
+        online_config``, if given)."""
         sizes = {f.name: getattr(topology, f.name) for f in fields(Topology)}
-        return cls(**sizes, backend=backend, quantization=quantization, online=online)
+        return cls(
+            **sizes,
+            backend=backend,
+            quantization=quantization,
+            online=online,
+            online_config=online_config,
+        )
 
     @property
     def format(self) -> KimiK3Format:

@@ -98,6 +98,14 @@ suite's build tests fail when a name moves.
     has neither ``vllm._C`` nor Triton. The test suite quantizes with the
     same stand-ins (one place). Re-check: each op's schema in
     ``vllm/_custom_ops.py`` and the online methods' calls.
+``stand_ins.all_reduce_over_one_gpu``
+    Replaces ``torch.distributed.all_reduce`` (the tensor as it is: a group
+    of one) and ``quant_utils``' ``get_ep_group``/``get_tp_group`` (a group
+    whose ``device_group`` is None) while an online method quantizes (plan's
+    linear layers on ``meta``, the suite's experts on the CPU). Why: online
+    FP8 per tensor and per channel, INT8 and NVFP4 take a weight's maximum
+    over the GPUs sharding it; one process has no process group. On
+    ``meta`` it changes no shape. Re-check: ``quant_utils.amax_for_*``.
 ``stand_ins.one_gpu_for_the_data_parallel_group``
     Replaces a rank's ``FusedMoEConfig.moe_parallel_config`` by a copy with
     DP size 1 while ``selftest`` on a GPU makes its kernel
@@ -114,7 +122,8 @@ suite's build tests fail when a name moves.
     Re-check: that building the parser still reads only that.
 ``stand_ins.the_serving_gpus_capability``
     Replaces the current platform class's ``get_device_capability`` (as a
-    Hopper GPU, 9.0) while ``vllm_config`` makes the ``ModelConfig`` and
+    Hopper GPU, 9.0; within ``a_gpu_of_capability``, ``plan --gpu``'s, also
+    while the model is built) while ``vllm_config`` makes the ``ModelConfig`` and
     ``VllmConfig`` of GPUs that are not this host's (``plan``, ``check``; not
     ``selftest`` on a GPU, which runs this GPU's kernel). Why: vLLM refuses a
     quantization method below its minimum capability and resolves the model

@@ -31,6 +31,7 @@ from vllm_kimi_k3_moe.tools.meta_rank.allocation import (
 )
 from vllm_kimi_k3_moe.tools.meta_rank.draft import build_draft, own_parameters
 from vllm_kimi_k3_moe.tools.meta_rank.online_experts import quantized_routed_bytes
+from vllm_kimi_k3_moe.tools.meta_rank.online_linear import quantize_online_linear_layers
 from vllm_kimi_k3_moe.tools.meta_rank.rank import rank_zero_of
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     online_method_quantizers,
@@ -63,6 +64,9 @@ class RankBuild:
     moe_layer: LayerAllocation
     vllm_config: Any
     draft: Any = None  # the speculative draft vLLM loaded next to it, if any
+    # linear layers an online method quantized, and left as the BF16 they
+    # allocated (``online_linear.quantize_online_linear_layers``)
+    online_linear: tuple[int, int] = (0, 0)
 
 
 def build_rank(
@@ -101,7 +105,7 @@ def build_rank(
             speculative=speculative,
             online=None
             if deployment.online is None
-            else OnlineQuantization(deployment.online),
+            else OnlineQuantization(deployment.online, deployment.online_config),
         )
         with set_current_vllm_config(vllm_config), torch.device("meta"):
             model = model_module.KimiK3ForConditionalGeneration(
@@ -113,6 +117,10 @@ def build_rank(
             draft_bytes = sum(
                 p.numel() * p.element_size() for _, p in own_parameters(draft, model)
             )
+        online_linear = (0, 0)
+        if deployment.online is not None:  # the linear layers it quantizes
+            with set_current_vllm_config(vllm_config):
+                online_linear = quantize_online_linear_layers(model)
     language_model = model.language_model.model
     # the first MoE layer this (pipeline stage's) rank holds
     first_moe = next(
@@ -148,4 +156,5 @@ def build_rank(
         moe_layer=moe_layer,
         vllm_config=vllm_config,
         draft=draft,
+        online_linear=online_linear,
     )

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
     KernelOnGpu,
     refuse_a_kernel_the_gpu_cannot_run,
+    what_builds_instead,
 )
 from vllm_kimi_k3_moe.tools.deployment.remembered import CACHE_VARIABLE, remembered
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_gpu_of_capability
 from vllm_kimi_k3_moe.tools.plan.asked import PlanInput
-from vllm_kimi_k3_moe.tools.plan.planner import Planner
+from vllm_kimi_k3_moe.tools.plan.planner import BuildRefused, PlanError, Planner
 from vllm_kimi_k3_moe.tools.plan.values import DeploymentPlan
 
 T = TypeVar("T")
@@ -50,12 +53,15 @@ class Answers:
             self._gpus_per_node,
             asked.speculation,
             asked.online,
+            asked.online_config,
+            asked.capability,
             *what,
         )
 
     def _worked_out(self, work: Callable[[Planner], T]) -> T:
         """``work`` on the planner, made on first use (vLLM's output kept
-        off the terminal)."""
+        off the terminal), vLLM building as on the ``--gpu`` named, if one
+        is (``a_gpu_of_capability``)."""
         if self._planner is None:
             print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
             asked = self._asked
@@ -69,7 +75,11 @@ class Answers:
                     self._gpus_per_node,
                     asked.speculation,
                 )
-        with quiet_vllm():
+        capability = self._asked.capability
+        with (
+            quiet_vllm(),
+            nullcontext() if capability is None else a_gpu_of_capability(capability),
+        ):
             return work(self._planner)
 
     def advise(
@@ -83,19 +93,41 @@ class Answers:
             self._question("advise", gpus, quantization, backend),
             lambda: self._worked_out(
                 lambda planner: planner.advise(
-                    gpus, quantization, backend, self._asked.online
+                    gpus,
+                    quantization,
+                    backend,
+                    self._asked.online,
+                    self._asked.online_config,
                 )
             ),
         )
 
     def plan(self, deployments: list[Deployment]) -> list[DeploymentPlan]:
-        """``Planner.plan`` of each of ``deployments``."""
-        return remembered(
-            self._question("plan", deployments),
-            lambda: self._worked_out(
-                lambda planner: [planner.plan(d) for d in deployments]
-            ),
+        """``Planner.plan`` of each of ``deployments``; where vLLM refuses
+        one, ``PlanError`` saying why and what vLLM builds instead."""
+        try:
+            return remembered(
+                self._question("plan", deployments),
+                lambda: self._worked_out(
+                    lambda planner: [planner.plan(d) for d in deployments]
+                ),
+            )
+        except BuildRefused as refused:
+            raise PlanError(self._and_instead(refused)) from refused
+
+    def _and_instead(self, refused: BuildRefused) -> str:
+        """``refused``'s words and what vLLM builds instead
+        (``kernel_gpus.what_builds_instead``), if anything."""
+        asked = self._asked
+        instead = self._worked_out(
+            lambda planner: what_builds_instead(
+                asked.text_config,
+                refused.deployment,
+                asked.capability,
+                asked.quantization_config,
+            )
         )
+        return f"{refused}; {instead}" if instead else str(refused)
 
     def plan_one(self, deployment: Deployment) -> DeploymentPlan:
         return self.plan([deployment])[0]
@@ -128,6 +160,7 @@ class Answers:
                 backend=asked.backend,
                 quantization=asked.quantization,
                 online=asked.online,
+                online_config=asked.online_config,
             )
         )
         return self.kernel_on_gpu(gpu, deployment)

@@ -25,7 +25,10 @@ from vllm_kimi_k3_moe.formats import (
 from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import BudgetError, GpuBudget
 from vllm_kimi_k3_moe.tools.deployment.gpus import GpuError, gpu_preset
-from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import kernel_utilization
+from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
+    GPU_CAPABILITY,
+    kernel_utilization,
+)
 from vllm_kimi_k3_moe.tools.deployment.max_model_len import max_model_len
 from vllm_kimi_k3_moe.tools.deployment.remembered import remembered
 from vllm_kimi_k3_moe.tools.deployment.speculation import (
@@ -49,7 +52,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     validate_serving,
 )
 from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_with_working_tp_sizes
-from vllm_kimi_k3_moe.tools.plan.online_names import online_method
+from vllm_kimi_k3_moe.tools.plan.online_names import online_config, online_method
 
 DEFAULT_TP_SIZES = (8, 16, 32)
 # the errors of a question plan cannot size, each one line for the operator
@@ -74,6 +77,11 @@ class PlanInput:
     # --quantization naming a vLLM method that quantizes the BF16 checkpoint
     # while loading it (``online_names``); None: a checkpoint format
     online: str | None = None
+    # --gpu NAME's compute capability: vLLM builds as on that GPU; None: no
+    # GPU named (any GPU that runs the kernel)
+    capability: tuple[int, int] | None = None
+    # --quantization-config, as vLLM is given it (JSON); None: not given
+    online_config: str | None = None
 
 
 def _budget(
@@ -171,7 +179,20 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         else read_language_model_config(args.config)
     )
     fmt, quantization_config, quantization_title = _quantization(args)
-    online = None if args.quantization is None else online_method(args.quantization)
+    bf16_checkpoint = args.config is not None and quantization_config is None
+    with_config = args.quantization_config is not None
+    online = (
+        None
+        if args.quantization is None
+        else online_method(args.quantization, bf16_checkpoint, with_config)
+    )
+    config = (
+        None
+        if not with_config
+        else online_config(
+            online, args.quantization_config, quantization_config is not None
+        )
+    )
     if online is not None:
         if quantization_config is not None:
             raise DeploymentError(
@@ -179,7 +200,9 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
                 f"loading it, but {args.config} declares a quantization_config"
             )
         fmt = format_named("bf16")
-        quantization_title = f"BF16, --quantization {online}"
+        quantization_title = f"BF16, --quantization {online}" + (
+            "" if config is None else f" --quantization-config {config}"
+        )
     budget, gpu_title = _budget(args, fmt.name, say)
     validate_prefill_context_parallel(args.pcp_size)
     speculation = (
@@ -221,6 +244,7 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
                 backend=backend,
                 quantization=fmt.name,
                 online=online,
+                online_config=config,
             )
             for tp in args.tp_sizes or DEFAULT_TP_SIZES
         ]
@@ -259,6 +283,8 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         backend,
         speculation,
         online,
+        None if args.gpu is None else GPU_CAPABILITY[args.gpu.lower()],
+        config,
     )
 
 

@@ -1,7 +1,7 @@
 """What ``plan`` says, beside its table, of a BF16 checkpoint quantized while
 vLLM loads it (``--quantization fp8_per_block``, ...): where the method's
-partition could not be learned (vLLM alone's is then sized), and what is
-counted as the BF16 vLLM allocates."""
+partition could not be learned (vLLM alone's is then sized), and how each
+layer is counted."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def note_online(
     online: str | None, plans: list[DeploymentPlan], say: Callable[[str], None]
 ) -> None:
     """One line where ``online``'s partition was not learned for a layout
-    ``plans`` sized, and one saying what is counted as BF16."""
+    ``plans`` sized, and one saying how each layer is counted."""
     if online is None:
         return
     kept = [
@@ -39,7 +39,7 @@ def note_online(
         "its kernel; "
     )
     say(
-        f"plan: note: --quantization {online}: {routed}every other layer "
-        "counted as the BF16 vLLM allocates before quantizing it; --model "
-        "names the BF16 checkpoint"
+        f"plan: note: --quantization {online}: {routed}each linear layer it "
+        "quantizes as what it quantizes it to, every other layer as vLLM "
+        "allocates it; --model names the BF16 checkpoint"
     )

@@ -68,6 +68,14 @@ class PlanError(ValueError):
     did not patch it; the message is one line."""
 
 
+class BuildRefused(PlanError):
+    """vLLM refuses to build ``deployment`` (the message says why)."""
+
+    def __init__(self, message: str, deployment: Deployment) -> None:
+        super().__init__(message)
+        self.deployment = deployment
+
+
 def kimi_moe_classes() -> tuple[type, type]:
     """(upstream ``KimiMoE``, patched ``KimiMoE``), importing vLLM's model."""
     vllm_kimi_k3_moe.register()
@@ -213,10 +221,11 @@ class Planner:
             except BUILD_ERRORS as error:
                 why = f"{type(error).__name__}: {error}".replace("\n", " ")
                 if cls is self.fixed_cls:
-                    raise PlanError(
+                    raise BuildRefused(
                         f"{VLLM} cannot build Kimi-K3 for {deployment.label()} in "
                         f"{deployment.online or deployment.quantization} on "
-                        f"{deployment.backend}: {why}"
+                        f"{deployment.backend}: {why}",
+                        deployment,
                     ) from error
                 built.append(why)
         upstream, fixed = built
@@ -347,15 +356,23 @@ class Planner:
         return kv.capacity(available, ranges)
 
     def advise(
-        self, gpus: int, quantization: str, backend: str, online: str | None = None
+        self,
+        gpus: int,
+        quantization: str,
+        backend: str,
+        online: str | None = None,
+        online_config: str | None = None,
     ) -> tuple[list[DeploymentPlan], list[str]]:
         """Every layout of exactly ``gpus`` GPUs vLLM builds for the format
-        and kernel (quantized while loading by ``online``, if given), sized,
+        and kernel (quantized while loading by ``online`` with
+        ``online_config``, if given), sized,
         fitting first and then by KV-cache tokens; and the layouts vLLM
         refused at build time, each with its reason."""
         plans, refused = [], []
         for topology in layouts(gpus, self.text_config):
-            deployment = Deployment.of(topology, backend, quantization, online)
+            deployment = Deployment.of(
+                topology, backend, quantization, online, online_config
+            )
             try:
                 plans.append(self.plan(deployment))
             except (DeploymentError, PlanError) as error:

@@ -94,6 +94,8 @@ def _layout_and_serving(
         arguments.append("--enable-expert-parallel")
     if deployment.online is not None:  # a BF16 checkpoint quantized while loading
         arguments += ["--quantization", deployment.online]
+    if deployment.online_config is not None:
+        arguments += ["--quantization-config", deployment.online_config]
     arguments += ["--moe-backend", deployment.backend]
     if serving.kv_cache_dtype != "auto":
         arguments += ["--kv-cache-dtype", serving.kv_cache_dtype]

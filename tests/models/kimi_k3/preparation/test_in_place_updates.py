@@ -169,3 +169,19 @@ def test_eplb_recovery_reloads_experts_from_disk(kimi_model, reload_mode) -> Non
             case = PreparationCase(config, backend, TP8_EP, rank)
             problems += updated_like_fresh(kimi_model, case, "eplb_recovery")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.skipif(not _has_lifecycle(), reason="EPLB's recovery is vLLM 0.34's")
+def test_kimi_k3_gives_eplb_no_redundant_slots(kimi_model) -> None:
+    """Why EPLB's recovery is tested with the placement kept: vLLM 0.34's
+    Kimi-K3 builds no redundant expert slots even with ``--enable-eplb``
+    asking for them (its ``KimiMoE`` hands ``FusedMoEFactory`` no
+    ``num_redundant_experts``), so no recovery moves an expert into another
+    slot. The day it does, this fails: then test the recovery into a moved
+    placement (a dead GPU's experts re-hosted in spare slots), with vLLM's
+    ``mark_dead_expert_slots_inplace`` and ``redistribute_expert_placement``."""
+    case = PreparationCase("mxfp4", "marlin", TP8_EP, 0)
+    with served_rank(kimi_model, case, redundant_experts=8) as served:
+        assert served.vllm_config.parallel_config.enable_eplb
+        config = served.experts.moe_config
+        assert config.num_experts == config.num_logical_experts

@@ -124,11 +124,15 @@ def served_rank(
     weights: int = 0,
     online: OnlineQuantization | None = None,
     seed: int = 0,
+    redundant_experts: int = 0,
 ) -> Iterator[ServedRank]:
     """``case``'s GPU built through the ``KimiMoE`` vLLM's model module holds
     now (the plugin's, or vLLM alone's), cold-loaded with version
     ``weights`` and prepared for its kernel; posing as that rank for the
-    block, uninitialised memory random (``seed``) throughout."""
+    block, uninitialised memory random (``seed``) throughout. With
+    ``redundant_experts``: ``--enable-eplb`` with that many redundant
+    experts (``ParallelConfig`` refuses EPLB off a CUDA platform, so its
+    two fields are set after it checked)."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
     from vllm.v1.worker import workspace
@@ -145,6 +149,10 @@ def served_rank(
         vllm_config = rank_vllm_config(
             layer.model_dir, topology, case.backend, online=online
         )
+        if redundant_experts:
+            vllm_config.parallel_config.enable_eplb = True
+            eplb = vllm_config.parallel_config.eplb_config
+            eplb.num_redundant_experts = redundant_experts
         with (
             set_current_vllm_config(vllm_config),
             replaced_attributes(workspace, _manager=workspace.WorkspaceManager(CPU)),

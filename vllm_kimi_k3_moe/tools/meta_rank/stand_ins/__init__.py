@@ -20,6 +20,7 @@ The ledger of all of them, with what to re-check at a vLLM bump, is
 - ``model_loader``: the loader of a speculative-decoding draft (no weights).
 - ``moe_forward``: the compiled ops of vLLM's batched reference MoE kernel.
 - ``online_quantizers``: the GPU quantizers of vLLM's online MoE methods.
+- ``collectives``: the all-reduce of online quantization's weight maxima.
 - ``triton_on_cpu``: what vLLM's Triton MoE path calls besides Triton.
 - ``data_parallel_group``: the DP group, for ``selftest`` on one GPU.
 - ``vllm_package``: vLLM's package initialiser, for ``doctor``.
@@ -42,6 +43,9 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.attention_kernels import (
     mla_backend_stand_in,
     sparse_mla_attention_kernels,
     sparse_mla_backend_stand_in,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.collectives import (
+    all_reduce_over_one_gpu,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.cuda_platform import (
     SERVING_GPU_CAPABILITY,
@@ -102,6 +106,7 @@ __all__ = [
     "a_cuda_device",
     "a_cuda_platform_for_the_parser",
     "a_gpu_of_capability",
+    "all_reduce_over_one_gpu",
     "compressed_tensors_mxfp4_kernel",
     "cuda_extensible_kv_cache",
     "cuda_graph_capture_sizes",

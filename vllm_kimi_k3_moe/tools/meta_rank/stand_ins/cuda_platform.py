@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from vllm_kimi_k3_moe.compat import extensible_kv_cache_resolver
@@ -50,37 +51,68 @@ def a_cuda_platform_for_the_parser() -> Iterator[None]:
 
 
 # The compute capability vLLM's config checks see when the tools make a config
-# for GPUs that are not this host's: a Hopper GPU's, the oldest Kimi-K3 is
-# served on (every --gpu preset is 9.0 or later).
+# for GPUs that are not this host's and none is named: a Hopper GPU's, the
+# oldest Kimi-K3 is served on (every --gpu preset is 9.0 or later).
 SERVING_GPU_CAPABILITY = (9, 0)
+
+# The compute capability of the GPUs a plan is for, where ``--gpu NAME`` names
+# them (``a_named_gpu``); None: not named.
+_NAMED_GPU: ContextVar[tuple[int, int] | None] = ContextVar("named_gpu", default=None)
+
+
+@contextmanager
+def _platform_reports(capability: tuple[int, int]) -> Iterator[None]:
+    """The current platform's ``get_device_capability`` answers
+    ``capability``; replaced on the platform's class, where
+    ``has_device_capability``, ``is_device_capability`` and
+    ``is_device_capability_family`` ask it too. Nothing else of the platform
+    changes (it stays the host's: no CUDA call is made)."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    answer = DeviceCapability(*capability)
+
+    def serving_gpu(cls: type, device_id: int = 0) -> DeviceCapability:
+        return answer
+
+    with replaced_attributes(
+        type(current_platform), get_device_capability=classmethod(serving_gpu)
+    ):
+        yield
+
+
+@contextmanager
+def a_named_gpu(capability: tuple[int, int]) -> Iterator[None]:
+    """While entered, vLLM's questions about the current GPU, when it makes
+    the configs and when it builds the model, answer as on a GPU of
+    ``capability``: the GPU ``plan --gpu NAME`` is for. A method that
+    asks for a GPU generation when it is built (vLLM's online
+    ``nvfp4_per_token``: Blackwell) is built, or refused, as on that GPU; on a
+    CPU box the platform has no capability and every such check says no.
+    Holds no parameters."""
+    token = _NAMED_GPU.set(capability)
+    try:
+        with _platform_reports(capability):
+            yield
+    finally:
+        _NAMED_GPU.reset(token)
 
 
 @contextmanager
 def the_serving_gpus_capability() -> Iterator[None]:
     """While the tools make vLLM's ``ModelConfig`` and ``VllmConfig`` for a
     deployment on GPUs that are not this host's (``plan``, ``check``), the
-    platform reports a serving GPU's compute capability
-    (``SERVING_GPU_CAPABILITY``), not this host's: ``VllmConfig`` refuses a
-    quantization method the current GPU is below the minimum capability of
-    (``_get_quantization_config``), and on CUDA ``ModelConfig`` falls back
-    from bfloat16 below 8.0 (``CudaPlatform.supported_dtypes``): an older GPU
-    on the machine running the tools would refuse, or resize, what the
-    serving GPUs run. Every Kimi-K3 format's minimum is 8.0 or less, so
-    vLLM's config answers the same for any GPU Kimi-K3 is served on; a CPU
-    box's platform has no capability, and vLLM skips the checks there.
-    Replaced on the platform's class, where ``has_device_capability`` and
-    ``is_device_capability`` ask it too. Holds no parameters."""
-    from vllm.platforms import current_platform
-    from vllm.platforms.interface import DeviceCapability
-
-    capability = DeviceCapability(*SERVING_GPU_CAPABILITY)
-
-    def serving_gpu(cls: type, device_id: int = 0) -> DeviceCapability:
-        return capability
-
-    with replaced_attributes(
-        type(current_platform), get_device_capability=classmethod(serving_gpu)
-    ):
+    platform reports the serving GPUs' compute capability: the named GPU's
+    (``a_named_gpu``), else ``SERVING_GPU_CAPABILITY``, not this host's:
+    ``VllmConfig`` refuses a quantization method the current GPU is below
+    the minimum capability of (``_get_quantization_config``), and on CUDA
+    ``ModelConfig`` falls back from bfloat16 below 8.0
+    (``CudaPlatform.supported_dtypes``): an older GPU on the machine running
+    the tools would refuse, or resize, what the serving GPUs run. Every
+    Kimi-K3 format's minimum is 8.0 or less, so vLLM's config answers the
+    same for any GPU Kimi-K3 is served on; a CPU box's platform has no
+    capability, and vLLM skips the checks there. Holds no parameters."""
+    with _platform_reports(_NAMED_GPU.get() or SERVING_GPU_CAPABILITY):
         yield
 
 

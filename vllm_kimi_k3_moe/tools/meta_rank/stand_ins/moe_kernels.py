@@ -24,6 +24,7 @@ from typing import Any
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.patching import replaced_attributes
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.cuda_platform import a_named_gpu
 
 
 @functools.cache
@@ -149,13 +150,15 @@ def runs_on_capability(kernel: type, capability: tuple[int, int]) -> bool | None
 
 @contextmanager
 def a_gpu_of_capability(capability: tuple[int, int]) -> Iterator[None]:
-    """While ``moe_kernels_on_their_gpu`` is entered within it, each MoE
-    kernel's device check answers as on a GPU of ``capability``
+    """While entered, vLLM builds as on a GPU of ``capability``
+    (``cuda_platform.a_named_gpu``), and within ``moe_kernels_on_their_gpu``
+    each MoE kernel's device check answers as there
     (``runs_on_capability``; yes where that cannot be told here), so that
     vLLM's own selection picks, or refuses, ``--moe-backend`` as there."""
     token = _SERVING_GPU.set(capability)
     try:
-        yield
+        with a_named_gpu(capability):
+            yield
     finally:
         _SERVING_GPU.reset(token)
 

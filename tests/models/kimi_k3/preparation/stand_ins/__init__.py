@@ -23,7 +23,8 @@ references: they compute values; shared with
 ``plan``, which learns an online method's rule with them, so it lives in
 ``vllm_kimi_k3_moe.tools.meta_rank.stand_ins``),
 ``collectives`` (the all-reduce of online quantization's maxima over the
-GPUs sharding an expert: a group of one), ``torch_compile`` (compiled
+GPUs sharding a weight: a group of one; shared with ``plan`` too),
+``torch_compile`` (compiled
 functions run as their Python). Each stand-in exists only inside
 ``on_cpu()`` (or, for what a weight loader asks of a GPU, ``loading()``)
 and is removed on exit. A
@@ -41,14 +42,13 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 from tests.models.kimi_k3.preparation.stand_ins import (
-    collectives,
     deep_gemm,
     flashinfer,
     humming,
     marlin,
     torch_compile,
 )
-from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import online_quantizers
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import collectives, online_quantizers
 
 FAMILIES = (
     marlin,
