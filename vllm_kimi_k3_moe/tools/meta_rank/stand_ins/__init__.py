@@ -51,6 +51,7 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.cuda_platform import (
     SERVING_GPU_CAPABILITY,
     a_cuda_device,
     a_cuda_platform_for_the_parser,
+    a_gpu_of_capability,
     cuda_extensible_kv_cache,
     cuda_graph_capture_sizes,
     cuda_hybrid_kv_cache,
@@ -77,7 +78,6 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.moe_forward import (
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.moe_kernels import (
     HOPPER,
     CudaPlatformStandIn,
-    a_gpu_of_capability,
     compressed_tensors_mxfp4_kernel,
     moe_kernel_of_the_gpu,
     moe_kernels_on_their_gpu,

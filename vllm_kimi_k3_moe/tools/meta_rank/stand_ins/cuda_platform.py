@@ -56,17 +56,22 @@ def a_cuda_platform_for_the_parser() -> Iterator[None]:
 SERVING_GPU_CAPABILITY = (9, 0)
 
 # The compute capability of the GPUs a plan is for, where ``--gpu NAME`` names
-# them (``a_named_gpu``); None: not named.
+# them (``a_gpu_of_capability``); None: not named.
 _NAMED_GPU: ContextVar[tuple[int, int] | None] = ContextVar("named_gpu", default=None)
 
 
+def named_gpu_capability() -> tuple[int, int] | None:
+    """The compute capability ``a_gpu_of_capability`` holds, if entered."""
+    return _NAMED_GPU.get()
+
+
 @contextmanager
-def _platform_reports(capability: tuple[int, int]) -> Iterator[None]:
+def platform_reports(capability: tuple[int, int]) -> Iterator[None]:
     """The current platform's ``get_device_capability`` answers
     ``capability``; replaced on the platform's class, where
     ``has_device_capability``, ``is_device_capability`` and
     ``is_device_capability_family`` ask it too. Nothing else of the platform
-    changes (it stays the host's: no CUDA call is made)."""
+    changes."""
     from vllm.platforms import current_platform
     from vllm.platforms.interface import DeviceCapability
 
@@ -82,17 +87,20 @@ def _platform_reports(capability: tuple[int, int]) -> Iterator[None]:
 
 
 @contextmanager
-def a_named_gpu(capability: tuple[int, int]) -> Iterator[None]:
-    """While entered, vLLM's questions about the current GPU, when it makes
-    the configs and when it builds the model, answer as on a GPU of
-    ``capability``: the GPU ``plan --gpu NAME`` is for. A method that
-    asks for a GPU generation when it is built (vLLM's online
-    ``nvfp4_per_token``: Blackwell) is built, or refused, as on that GPU; on a
-    CPU box the platform has no capability and every such check says no.
-    Holds no parameters."""
+def a_gpu_of_capability(capability: tuple[int, int]) -> Iterator[None]:
+    """While entered, vLLM builds as on a GPU of ``capability``, the GPU
+    ``plan --gpu NAME`` is for: its questions about the current GPU, when
+    it makes the configs and when it builds the model, answer so (a method
+    that asks for a GPU generation when it is built, vLLM's online
+    ``nvfp4_per_token``: Blackwell, is built or refused as there; on a CPU
+    box the platform has no capability and every such check says no), and
+    within ``moe_kernels.moe_kernels_on_their_gpu`` each MoE kernel's device
+    check answers as there (``runs_on_capability``; yes where that cannot be
+    told here), so that vLLM's own selection picks, or refuses,
+    ``--moe-backend`` as there. Holds no parameters."""
     token = _NAMED_GPU.set(capability)
     try:
-        with _platform_reports(capability):
+        with platform_reports(capability):
             yield
     finally:
         _NAMED_GPU.reset(token)
@@ -103,7 +111,7 @@ def the_serving_gpus_capability() -> Iterator[None]:
     """While the tools make vLLM's ``ModelConfig`` and ``VllmConfig`` for a
     deployment on GPUs that are not this host's (``plan``, ``check``), the
     platform reports the serving GPUs' compute capability: the named GPU's
-    (``a_named_gpu``), else ``SERVING_GPU_CAPABILITY``, not this host's:
+    (``a_gpu_of_capability``), else ``SERVING_GPU_CAPABILITY``, not this host's:
     ``VllmConfig`` refuses a quantization method the current GPU is below
     the minimum capability of (``_get_quantization_config``), and on CUDA
     ``ModelConfig`` falls back from bfloat16 below 8.0
@@ -112,7 +120,7 @@ def the_serving_gpus_capability() -> Iterator[None]:
     Kimi-K3 format's minimum is 8.0 or less, so vLLM's config answers the
     same for any GPU Kimi-K3 is served on; a CPU box's platform has no
     capability, and vLLM skips the checks there. Holds no parameters."""
-    with _platform_reports(_NAMED_GPU.get() or SERVING_GPU_CAPABILITY):
+    with platform_reports(_NAMED_GPU.get() or SERVING_GPU_CAPABILITY):
         yield
 
 

@@ -7,8 +7,8 @@ a CPU box runs none of them. What the real selection guarantees and still
 decides here: which kernel ``--moe-backend`` names and what each kernel
 accepts of the layer (activation, quantization scheme, shapes); the device
 checks answer as on a GPU that runs the kernel, or, within
-``a_gpu_of_capability``, as on a GPU of that compute capability (vLLM's own
-check, run against that capability).
+``cuda_platform.a_gpu_of_capability``, as on a GPU of that compute
+capability (vLLM's own check, run against that capability).
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ import importlib
 import pkgutil
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.patching import replaced_attributes
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
-from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.cuda_platform import a_named_gpu
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.cuda_platform import (
+    named_gpu_capability,
+    platform_reports,
+)
 
 
 @functools.cache
@@ -96,11 +98,6 @@ def _yes() -> bool:
     return True
 
 
-# The compute capability of the GPU the MoE kernels are selected for, where
-# one is named (``a_gpu_of_capability``); None: any GPU that runs the kernel.
-_SERVING_GPU: ContextVar[tuple[int, int] | None] = ContextVar(
-    "serving_gpu", default=None
-)
 # GPU generations asked to tell a device check that reads the GPU's compute
 # capability from one that asks for what this machine lacks (a compiled op,
 # a kernel library): Hopper, Blackwell (B200, B300), Blackwell workstation.
@@ -115,15 +112,10 @@ def _platform_of_capability(capability: tuple[int, int]) -> Iterator[None]:
     ``is_device_capability_family`` read): only while a kernel's device
     check runs, never while a layer is built."""
     from vllm.platforms import PlatformEnum, current_platform
-    from vllm.platforms.interface import DeviceCapability
 
-    def of_the_gpu(cls: type, device_id: int = 0) -> DeviceCapability:
-        return DeviceCapability(*capability)
-
-    with replaced_attributes(
-        type(current_platform),
-        _enum=PlatformEnum.CUDA,
-        get_device_capability=classmethod(of_the_gpu),
+    with (
+        replaced_attributes(type(current_platform), _enum=PlatformEnum.CUDA),
+        platform_reports(capability),
     ):
         yield
 
@@ -148,24 +140,9 @@ def runs_on_capability(kernel: type, capability: tuple[int, int]) -> bool | None
     return False
 
 
-@contextmanager
-def a_gpu_of_capability(capability: tuple[int, int]) -> Iterator[None]:
-    """While entered, vLLM builds as on a GPU of ``capability``
-    (``cuda_platform.a_named_gpu``), and within ``moe_kernels_on_their_gpu``
-    each MoE kernel's device check answers as there
-    (``runs_on_capability``; yes where that cannot be told here), so that
-    vLLM's own selection picks, or refuses, ``--moe-backend`` as there."""
-    token = _SERVING_GPU.set(capability)
-    try:
-        with a_named_gpu(capability):
-            yield
-    finally:
-        _SERVING_GPU.reset(token)
-
-
 def _device_check(kernel: type) -> Any:
     """The device check ``moe_kernels_on_their_gpu`` gives ``kernel``."""
-    capability = _SERVING_GPU.get()
+    capability = named_gpu_capability()
     if capability is None:
         return staticmethod(_yes)
     runs = runs_on_capability(kernel, capability) is not False
