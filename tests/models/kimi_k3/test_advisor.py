@@ -20,7 +20,12 @@ from vllm_kimi_k3_moe.tools.cli import main
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
 from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
 from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
-from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving, layouts
+from vllm_kimi_k3_moe.tools.deployment.topology import (
+    Deployment,
+    Serving,
+    Topology,
+    layouts,
+)
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_cuda_platform_for_the_parser
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
@@ -355,3 +360,31 @@ def test_the_table_defines_its_kv_columns(advice_16):
     assert "requests: how many requests of --max-model-len (131072) tokens" in said
     assert "KV tokens: requests x --max-model-len" in said
     assert "a shorter --max-model-len holds more requests and fewer KV tokens" in said
+
+
+def test_a_layouts_plan_command_carries_every_option_the_advisor_was_given():
+    """The command the advisor prints for one layout, read back by plan's
+    own parser, asks for what the advisor was asked (but ``--gpus``, and
+    the layout it names): the same draft, nodes, quantization and
+    everything else, so it sizes that layout as the advisor did."""
+    from vllm_kimi_k3_moe.tools.cli import build_parser
+    from vllm_kimi_k3_moe.tools.cli.plan import plan_command
+
+    parser = build_parser()
+    asked = parser.parse_args(
+        [
+            *("plan", "--gpus", "32", "--gpu", "h200", "--gpus-per-node", "4"),
+            *("--quantization", "online"),
+            *("--quantization-config", '{"moe": "fp8_per_block"}'),
+            *("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'),
+            *("--kv-cache-dtype", "fp8", "--max-model-len", "65536"),
+            *("--gpu-memory-utilization", "0.85", "--reserve-gib", "10"),
+            *("--model", "moonshotai/Kimi-K3", "--language-model-only"),
+        ]
+    )
+    words = shlex.split(plan_command(asked, Topology(8, pp_size=4)))
+    again = parser.parse_args(words[1:])
+    layout = {"gpus", "tp_sizes", "pp_size"}
+    given = {k: v for k, v in vars(asked).items() if k not in layout}
+    assert {k: v for k, v in vars(again).items() if k not in layout} == given
+    assert (again.tp_sizes, again.pp_size, again.gpus) == ([8], 4, None)

@@ -116,6 +116,7 @@ def test_plans_serve_line_for_an_online_method_passes_check(
     assert "--quantization fp8_per_block" in head
     checked, _ = printed(capsys, "check", "--serve-command", head)
     assert checked.splitlines()[-1].startswith("OK "), checked
+    assert "vLLM quantizes its experts while loading them (--quantization " in (checked)
     allocated = next(line for line in checked.splitlines() if "allocated" in line)
     assert "128 intermediate rows per expert with this plugin (upstream 256)" in (
         allocated

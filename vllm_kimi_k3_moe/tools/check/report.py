@@ -44,15 +44,21 @@ def headline(report: PreflightReport) -> list[str]:
     return [f"MISMATCH    {report.mismatch}"] if report.mismatch else []
 
 
-def summary(report: PreflightReport) -> list[str]:
+def summary(report: PreflightReport, online: str | None = None) -> list[str]:
+    """``online``: the serve line's ``--quantization``, a method that
+    quantizes the BF16 experts while vLLM loads them."""
     layout = report.layout
     main, mtp = layout.main_layers, layout.mtp_layers
     suffixes = layout.format.tensors.suffixes
     per_expert = len(PROJECTIONS) * len(suffixes)
+    loads = (
+        f"loads its experts with {layout.format.loads_as}"
+        if online is None
+        else f"quantizes its experts while loading them (--quantization {online})"
+    )
     return [
         f"checkpoint  {report.directory}",
-        f"format      {layout.format.name}; vLLM loads its experts with "
-        f"{layout.format.loads_as}",
+        f"format      {layout.format.name}; vLLM {loads}",
         f"shards      {report.headers_read} of {report.shards} headers read (no "
         f"tensor data), {_bytes(report.total_bytes)} referenced, "
         f"{_bytes(report.expert_bytes)} of it routed experts",

@@ -231,13 +231,22 @@ def run(args: argparse.Namespace) -> int:
         print(as_json(report, plan).decode(), end="", flush=True)
         return report.status
     # The summary first: building vLLM's model takes a while.
-    print("\n".join([*headline(report), *summary(report)]), flush=True)
+    summarised = summary(report, _online_method(report, asked))
+    print("\n".join([*headline(report), *summarised]), flush=True)
     if backend is not None:
         stages = report.stages if report.parallelism.pp_size > 1 else []
         moe = _vllm_allocation(report, backend, asked)
         print("\n".join(allocation(moe, stages)))
     print("\n".join([*problem_lines(report.problems, args.show_all), *verdict(report)]))
     return report.status
+
+
+def _online_method(report: PreflightReport, asked: CheckInput) -> str | None:
+    """The serve line's ``--quantization`` where it quantizes the BF16
+    checkpoint's experts while loading them (``plan``'s serve line for an
+    online method); None for a quantized checkpoint (its own method)."""
+    bf16 = report.layout.format.format.name == BF16.name
+    return asked.quantization if bf16 and asked.quantization else None
 
 
 def _vllm_allocation(
@@ -250,8 +259,7 @@ def _vllm_allocation(
     as quantized while loading, as ``plan`` sizes it."""
     print(f"building vLLM's Kimi-K3 model for {backend} ...", file=sys.stderr)
     fmt = report.layout.format.format.name
-    quantization = asked.quantization
-    online = quantization if fmt == BF16.name and quantization else None
+    online = _online_method(report, asked)
     try:
         config = (
             None

@@ -450,6 +450,11 @@ def plan_command(args: argparse.Namespace, topology: Topology) -> str:
         ("--max-model-len", args.max_model_len),
         ("--gpu-memory-utilization", args.gpu_memory_utilization),
         ("--reserve-gib", args.reserve_gib),
+        (
+            "--gpus-per-node",
+            args.gpus_per_node if args.gpus_per_node != DEFAULT_GPUS_PER_NODE else None,
+        ),
+        ("--speculative-config", args.speculative_config),
         ("--model", args.model),
     ):
         if value is not None:
