@@ -158,7 +158,8 @@ def add_format_and_backend(
             "checkpoint while loading it (fp8_per_block, fp8_per_tensor, "
             "fp8_per_channel, mxfp8, int8_per_channel_weight_only, "
             "nvfp4_per_token, fp8, experts_int8, ...: vLLM's names, as vllm "
-            "serve takes them; mxfp4 names the release)"
+            "serve takes them; mxfp4 names the release, or with --config of a "
+            "BF16 checkpoint vLLM's online MXFP4)"
         )
     command.add_argument(
         "--quantization",
