@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import tempfile
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -105,13 +104,10 @@ def kernel_on_gpu(
     layers = one_layer_of_each(text_config)
     config = quantization_config or deployment.format.published_quantization_config()
     serving = Serving(language_model_only=True)
-    on_the_gpu = (
-        nullcontext() if capability is None else a_gpu_of_capability(capability)
-    )
     with tempfile.TemporaryDirectory(prefix="kimi-k3-kernel-") as directory:
         model_dir = write_model_dir(layers, config, serving, Path(directory))
         try:
-            with on_the_gpu:
+            with a_gpu_of_capability(capability):
                 built = build_rank(
                     model.KimiMoE, layers, deployment, serving, model_dir
                 )

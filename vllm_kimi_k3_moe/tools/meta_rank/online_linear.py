@@ -27,23 +27,18 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
 )
 
 
-def _online_linear_methods() -> tuple[type, ...]:
-    """vLLM's online linear methods' base (the same on 0.33 and 0.34)."""
-    from vllm.model_executor.layers.quantization.online.fp8 import OnlineLinearBase
-
-    return (OnlineLinearBase,)
-
-
 def quantize_online_linear_layers(model: Any) -> tuple[int, int]:
     """Run each online linear method of ``model`` (built on ``meta``, its
     ``VllmConfig`` current) as vLLM runs it once the layer is loaded: (layers
     quantized, layers left as the BF16 they allocated)."""
-    methods = _online_linear_methods()
+    # vLLM's online linear methods' base (the same on 0.33 and 0.34)
+    from vllm.model_executor.layers.quantization.online.fp8 import OnlineLinearBase
+
     quantized = left = 0
     with online_method_quantizers(), all_reduce_over_one_gpu():
         for module in model.modules():
             method = getattr(module, "quant_method", None)
-            if not isinstance(method, methods):
+            if not isinstance(method, OnlineLinearBase):
                 continue
             try:
                 method.process_weights_after_loading(module)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
@@ -75,11 +74,7 @@ class Answers:
                     self._gpus_per_node,
                     asked.speculation,
                 )
-        capability = self._asked.capability
-        with (
-            quiet_vllm(),
-            nullcontext() if capability is None else a_gpu_of_capability(capability),
-        ):
+        with quiet_vllm(), a_gpu_of_capability(self._asked.capability):
             return work(self._planner)
 
     def advise(

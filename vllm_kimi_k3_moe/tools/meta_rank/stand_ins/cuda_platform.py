@@ -87,8 +87,9 @@ def platform_reports(capability: tuple[int, int]) -> Iterator[None]:
 
 
 @contextmanager
-def a_gpu_of_capability(capability: tuple[int, int]) -> Iterator[None]:
-    """While entered, vLLM builds as on a GPU of ``capability``, the GPU
+def a_gpu_of_capability(capability: tuple[int, int] | None) -> Iterator[None]:
+    """While entered, vLLM builds as on a GPU of ``capability`` (None: no
+    GPU named, nothing replaced), the GPU
     ``plan --gpu NAME`` is for: its questions about the current GPU, when
     it makes the configs and when it builds the model, answer so (a method
     that asks for a GPU generation when it is built, vLLM's online
@@ -98,6 +99,9 @@ def a_gpu_of_capability(capability: tuple[int, int]) -> Iterator[None]:
     check answers as there (``runs_on_capability``; yes where that cannot be
     told here), so that vLLM's own selection picks, or refuses,
     ``--moe-backend`` as there. Holds no parameters."""
+    if capability is None:
+        yield
+        return
     token = _NAMED_GPU.set(capability)
     try:
         with platform_reports(capability):
