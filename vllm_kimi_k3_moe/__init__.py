@@ -84,6 +84,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from collections.abc import Iterable
 from types import ModuleType
 
 from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES, kimi_k3_platform_refusal
@@ -97,6 +98,8 @@ logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
 
 KIMI_K3_PACKAGE = "vllm.models.kimi_k3"
 KIMI_K3_NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
+# Kimi-K3's MoE on ROCm and XPU (``vllm/models/kimi_k3/__init__.py``).
+KIMI_K3_AMD_LINEAR = "vllm.models.kimi_k3.amd.linear"
 ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
 DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
 INT_WNA16_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
@@ -104,16 +107,23 @@ INT_WNA16_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
 # the fixes on a small layer where some fix goes on code it was not verified
 # on (``verification.small_layer``).
 PARTITION_PATCH = "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts"
-# What that first layer owes, and settles (imported only where it is owed).
+STRICT_LOADING = "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading"
+# What the first layer owes, and settles (imported only where it is owed).
 FIRST_LAYER = "vllm_kimi_k3_moe.verification.first_layer"
+# Each Kimi-K3 model module vLLM builds the MoE from, and its model patch: a
+# process judges and patches only the models it imports (an NVIDIA process
+# never imports the AMD model, nor a ROCm one the NVIDIA model).
+MODEL_PATCHES = {
+    KIMI_K3_NVIDIA_MODEL: "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model",
+    KIMI_K3_AMD_LINEAR: "vllm_kimi_k3_moe.models.kimi_k3.amd.linear",
+}
 # (vLLM module patched, plugin module with its apply / revert), in order.
 PATCHES: tuple[tuple[str, str], ...] = (
-    (KIMI_K3_NVIDIA_MODEL, "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model"),
+    (KIMI_K3_NVIDIA_MODEL, MODEL_PATCHES[KIMI_K3_NVIDIA_MODEL]),
+    (KIMI_K3_AMD_LINEAR, MODEL_PATCHES[KIMI_K3_AMD_LINEAR]),
     (ROUTED_EXPERTS, PARTITION_PATCH),
-    (
-        KIMI_K3_NVIDIA_MODEL,
-        "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading",
-    ),
+    (KIMI_K3_NVIDIA_MODEL, STRICT_LOADING),
+    (KIMI_K3_AMD_LINEAR, STRICT_LOADING),
     (DEFAULT_LOADER, "vllm_kimi_k3_moe.model_executor.model_loader.default_loader"),
     (
         INT_WNA16_ORACLE,
@@ -124,6 +134,7 @@ PATCHES: tuple[tuple[str, str], ...] = (
 _registered = False
 _warned: set[str] = set()
 _decided: list[tuple[str, ...]] = []  # this process's patches to apply, once
+_judged_models: set[str] = set()  # the Kimi-K3 model modules judged with them
 
 
 def _warn_once(message: str) -> None:
@@ -153,30 +164,50 @@ class _ApplyPatch:
 _APPLY = {patch: _ApplyPatch(patch) for _, patch in PATCHES}
 
 
-def _verified_patches() -> tuple[str, ...]:
-    """The patches to apply on this vLLM, judged once per process before any
-    is applied (``verification``), its one line logged; never raises."""
-    if not _decided:
-        try:
-            from vllm.version import __version__
+def patches_judged_with(models: Iterable[str]) -> list[str]:
+    """The patch modules judged in a process that imported the Kimi-K3 model
+    modules ``models``: every patch but the model patches of other models."""
+    others = {patch for module, patch in MODEL_PATCHES.items() if module not in models}
+    return [patch for _, patch in PATCHES if patch not in others]
 
-            verdicts = verdict.judge_all([patch for _, patch in PATCHES])
-            plain = __version__ in VERIFIED_VLLM_RELEASES
-            decision = verdict.decide(verdicts, __version__, plain, PARTITION_PATCH)
-            apply, warning, line = decision.apply, decision.warning, decision.line
-        except Exception as error:  # a difference must never stop vLLM
-            apply, warning = (), True
-            line = (
-                "vllm-kimi-k3-moe: nothing patched, this vLLM could not be "
-                f"checked ({type(error).__name__}: {error})".replace("\n", " ")
-            )
-        if line is not None and warning:
-            _warn_once(line)
-        elif line is not None and decision.prove:  # said once proven
-            importlib.import_module(FIRST_LAYER).owe(line, _step_aside)
-        elif line is not None:
-            logger.info(line)
-        _decided.append(apply)
+
+def _verified_patches(model: str) -> tuple[str, ...]:
+    """The patches to apply on this vLLM, judged before any is applied
+    (``verification``), its one line logged; never raises. Judged once per
+    process with the first Kimi-K3 model module imported (``model``), and
+    again, all or nothing, when another one is (XPU imports both)."""
+    if _decided and model in _judged_models:
+        return _decided[0]
+    first = not _decided
+    _judged_models.add(model)
+    try:
+        from vllm.version import __version__
+
+        verdicts = verdict.judge_all(patches_judged_with(_judged_models))
+        plain = __version__ in VERIFIED_VLLM_RELEASES
+        decision = verdict.decide(verdicts, __version__, plain, PARTITION_PATCH)
+        apply, warning, line = decision.apply, decision.warning, decision.line
+    except Exception as error:  # a difference must never stop vLLM
+        apply, warning = (), True
+        line = (
+            "vllm-kimi-k3-moe: nothing patched, this vLLM could not be "
+            f"checked ({type(error).__name__}: {error})".replace("\n", " ")
+        )
+    if not first:  # another model: its fix goes on too, or none at all
+        if _decided[0] and not apply:
+            _step_aside(line or "vllm-kimi-k3-moe: nothing patched")
+        elif _decided[0]:
+            _decided[0] = apply
+            if decision.prove and line is not None:
+                importlib.import_module(FIRST_LAYER).owe(line, _step_aside)
+        return _decided[0]
+    if line is not None and warning:
+        _warn_once(line)
+    elif line is not None and decision.prove:  # said once proven
+        importlib.import_module(FIRST_LAYER).owe(line, _step_aside)
+    elif line is not None:
+        logger.info(line)
+    _decided.append(apply)
     return _decided[0]
 
 
@@ -194,16 +225,17 @@ def _step_aside(line: str) -> None:
             sys.modules[patch].revert(module)
 
 
-def _patch_when_imported(_nvidia_model: ModuleType) -> None:
-    """vLLM imported its Kimi-K3 NVIDIA model: judge every patch on this vLLM,
-    then apply those that go on, each as soon as the module it patches is
-    imported (the model module imports vLLM's fused MoE package and model
-    loaders: these apply now)."""
+def _patch_when_imported(model: ModuleType) -> None:
+    """vLLM imported a Kimi-K3 model module (NVIDIA's, or AMD's on ROCm and
+    XPU): judge its patches on this vLLM, then apply those that go on, each
+    as soon as the module it patches is imported (the model module imports
+    vLLM's fused MoE package and model loaders: these apply now). A model
+    module not imported yet gets its patches when it is, judged then."""
     if _warned_platform_refusal():
         return
-    apply = _verified_patches()
+    apply = _verified_patches(model.__name__)
     for module, patch in PATCHES:
-        if patch in apply:
+        if patch in apply and (module not in MODEL_PATCHES or module in _judged_models):
             call_after_import(module, _APPLY[patch])
 
 
@@ -215,7 +247,8 @@ def register() -> None:
     _registered = True
     # The package hook reports platforms that never import the NVIDIA model.
     call_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
-    call_after_import(KIMI_K3_NVIDIA_MODEL, _patch_when_imported)
+    for model in MODEL_PATCHES:
+        call_after_import(model, _patch_when_imported)
 
 
 def unregister() -> None:
@@ -224,7 +257,8 @@ def unregister() -> None:
     before keep what they were built with."""
     global _registered
     remove_after_import(KIMI_K3_PACKAGE, _warned_platform_refusal)
-    remove_after_import(KIMI_K3_NVIDIA_MODEL, _patch_when_imported)
+    for model in MODEL_PATCHES:
+        remove_after_import(model, _patch_when_imported)
     applied = _decided[0] if _decided else ()
     for module_name, patch_name in reversed(PATCHES):
         remove_after_import(module_name, _APPLY[patch_name])
@@ -234,6 +268,7 @@ def unregister() -> None:
             sys.modules[patch_name].revert(module)
     _warned.clear()
     _decided.clear()
+    _judged_models.clear()
     first_layer = sys.modules.get(FIRST_LAYER)
     if first_layer is not None:
         first_layer.forgive()

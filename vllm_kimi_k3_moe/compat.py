@@ -66,19 +66,30 @@ def supported_vllm_series() -> str:
 
 
 def kimi_k3_platform_refusal() -> str | None:
-    """Mirror ``vllm/models/kimi_k3/__init__.py``: which implementation runs."""
+    """Mirror ``vllm/models/kimi_k3/__init__.py``: which implementation runs.
+    CUDA builds the NVIDIA model, ROCm and XPU the AMD one
+    (``amd/linear.py``): the plugin patches both. A TPU runs its plugin's own
+    model."""
     from vllm.platforms import current_platform
 
-    if current_platform.is_rocm():
-        implementation = "vllm.models.kimi_k3.amd (ROCm)"
-    elif current_platform.device_type == "tpu":
-        implementation = "the TPU plugin's own model"
-    else:
+    if current_platform.device_type != "tpu":
         return None
     return (
-        f"vllm-kimi-k3-moe patches the NVIDIA Kimi-K3 model only; this platform "
-        f"runs {implementation}, which is left as upstream (nothing patched)."
+        "vllm-kimi-k3-moe patches vLLM's Kimi-K3 models for NVIDIA, AMD and "
+        "Intel GPUs; this platform runs the TPU plugin's own model, which is "
+        "left as it is (nothing patched)."
     )
+
+
+def kimi_k3_model_module() -> str:
+    """The module vLLM builds Kimi-K3's MoE from on this platform
+    (``vllm/models/kimi_k3/__init__.py``): ``amd/linear.py`` on ROCm and XPU,
+    else NVIDIA's ``nvidia/model.py``."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm() or current_platform.is_xpu():
+        return "vllm.models.kimi_k3.amd.linear"
+    return "vllm.models.kimi_k3.nvidia.model"
 
 
 # --- Where vLLM 0.33 and 0.34 differ -----------------------------------------

@@ -91,7 +91,7 @@ def applied_now() -> list[str]:
     import vllm_kimi_k3_moe
 
     on = vllm_kimi_k3_moe._decided[0]
-    return sorted(patch for _, patch in vllm_kimi_k3_moe.PATCHES if patch in on)
+    return sorted({patch for _, patch in vllm_kimi_k3_moe.PATCHES if patch in on})
 
 
 def main() -> int:

@@ -1,5 +1,7 @@
 """The verdict on every fix for the vLLM this Python imports, as JSON on
-stdout (what ``doctor`` prints fix by fix; no GPU needed)::
+stdout (what ``doctor`` prints fix by fix; no GPU needed), for the Kimi-K3
+model this platform builds (``compat.kimi_k3_model_module``: NVIDIA's, or
+the AMD one on ROCm and XPU), as a server judges them::
 
     python -m vllm_kimi_k3_moe.verification.report
 """
@@ -10,8 +12,8 @@ import json
 import sys
 from typing import Any
 
-from vllm_kimi_k3_moe import PARTITION_PATCH, PATCHES
-from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES
+from vllm_kimi_k3_moe import PARTITION_PATCH, patches_judged_with
+from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES, kimi_k3_model_module
 from vllm_kimi_k3_moe.verification import verdict
 
 PROOF_PENDING = (
@@ -24,7 +26,8 @@ def report() -> dict[str, Any]:
     """Each fix's line, and the one line the plugin logs (None: none)."""
     from vllm.version import __version__
 
-    verdicts = verdict.judge_all([patch for _, patch in PATCHES])
+    model = kimi_k3_model_module()
+    verdicts = verdict.judge_all(patches_judged_with({model}))
     decision = verdict.decide(
         verdicts, __version__, __version__ in VERIFIED_VLLM_RELEASES, PARTITION_PATCH
     )
@@ -33,6 +36,7 @@ def report() -> dict[str, Any]:
         line = f"{line}; {PROOF_PENDING}"
     return {
         "vllm": __version__,
+        "model": model,
         "fixes": verdict.fix_lines(verdicts),
         "line": line,
         "nothing_patched": decision.warning,

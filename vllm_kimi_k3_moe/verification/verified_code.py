@@ -13,6 +13,10 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             "digest": "cd367579132d5372",
             "signatures": ["2a164d62fdbb"],
         },
+        "vllm_kimi_k3_moe.models.kimi_k3.amd.linear": {
+            "digest": "1a37304d95ff82be",
+            "signatures": ["c1a63cce5d5d"],
+        },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts": {
             "digest": "34c3d50b89b79cf9",
             "signatures": [
@@ -23,8 +27,8 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "efd408ba8e81ddcb",
-            "signatures": ["2a164d62fdbb", "412e4ca687f1", "7ea6aa402c6f"],
+            "digest": "1d26addf4dfd157a",
+            "signatures": ["412e4ca687f1", "7ea6aa402c6f"],
         },
         "vllm_kimi_k3_moe.model_executor.model_loader.default_loader": {
             "digest": "5782d6fec92d85b3",
@@ -40,6 +44,10 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             "digest": "c8a20471040fb007",
             "signatures": ["2a164d62fdbb"],
         },
+        "vllm_kimi_k3_moe.models.kimi_k3.amd.linear": {
+            "digest": "0336a78cbf2562c4",
+            "signatures": ["c1a63cce5d5d"],
+        },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts": {
             "digest": "56ff4f3c3836e006",
             "signatures": [
@@ -50,8 +58,8 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "dc59062c931d158a",
-            "signatures": ["2a164d62fdbb", "412e4ca687f1", "7ea6aa402c6f"],
+            "digest": "dba0bf6ffb3c77b2",
+            "signatures": ["412e4ca687f1", "7ea6aa402c6f"],
         },
         "vllm_kimi_k3_moe.model_executor.model_loader.default_loader": {
             "digest": "5782d6fec92d85b3",

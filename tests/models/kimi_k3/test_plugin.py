@@ -24,6 +24,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 ENTRY_POINT = "kimi_k3_moe"
 NVIDIA_MODEL = "vllm.models.kimi_k3.nvidia.model"
+AMD_LINEAR = "vllm.models.kimi_k3.amd.linear"
 
 # Runs in a fresh interpreter: what vLLM's own plugin loading does to a process.
 LOAD_GENERAL_PLUGINS = """
@@ -57,8 +58,8 @@ def test_entry_point_is_discoverable():
 @pytest.mark.parametrize(
     ("allow_list", "watched"),
     [
-        (None, [vllm_kimi_k3_moe.KIMI_K3_PACKAGE, NVIDIA_MODEL]),
-        (ENTRY_POINT, [vllm_kimi_k3_moe.KIMI_K3_PACKAGE, NVIDIA_MODEL]),
+        (None, [vllm_kimi_k3_moe.KIMI_K3_PACKAGE, AMD_LINEAR, NVIDIA_MODEL]),
+        (ENTRY_POINT, [vllm_kimi_k3_moe.KIMI_K3_PACKAGE, AMD_LINEAR, NVIDIA_MODEL]),
         ("lora_filesystem_resolver", []),  # an allow-list without us
     ],
 )
@@ -197,15 +198,17 @@ def test_code_that_differs_patches_nothing_in_one_warning(
     assert "RoutedExperts._get_quant_method" in message
 
 
-def test_rocm_is_refused(kimi_model, fresh_registration, monkeypatch):
+def test_tpu_is_refused(kimi_model, fresh_registration, monkeypatch):
+    """A TPU runs its plugin's own Kimi-K3 model: nothing of vLLM's is
+    patched, and the line says why (ROCm and XPU are patched: ``amd``)."""
     from vllm.platforms import current_platform
 
-    monkeypatch.setattr(current_platform, "is_rocm", lambda: True)
+    monkeypatch.setattr(current_platform, "device_type", "tpu")
     vllm_kimi_k3_moe.register()  # both modules are imported: hooks run now
 
     assert kimi_model.KimiMoE is upstream_class(kimi_model.KimiMoE)
     (record,) = fresh_registration.records
-    assert "vllm.models.kimi_k3.amd" in record.getMessage()
+    assert "TPU plugin's own model" in record.getMessage()
     assert "nothing patched" in record.getMessage()
 
 

@@ -48,7 +48,7 @@ from vllm_kimi_k3_moe.formats.record import (
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.learned_rule import learned_rule
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
-from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import KimiMoEBuild
+from vllm_kimi_k3_moe.models.kimi_k3.kimi_moe import KimiMoEBuild
 from vllm_kimi_k3_moe.patching import replaced_attributes
 
 
@@ -253,7 +253,10 @@ class LayoutChooser:
 
     def choose(self) -> Chosen:
         alone = self.trial(self.alone_layout, quiet=False)  # as vLLM alone logs
-        if self.gpus == 1:  # nothing split: no layout to choose
+        if self.gpus == 1 and self.alone_layout.allocated == self.intermediate:
+            # nothing split nor padded: no layout to choose (a model that pads
+            # under expert parallelism, vLLM's AMD one, has a whole expert to
+            # unpad: the search below)
             return self._keep(alone, "nothing split: as vLLM alone")
         reference = alone
         if not alone.built:  # learn the format from the unsplit expert

@@ -8,7 +8,7 @@ Patch ledger entry
 Replaces
     ``vllm.model_executor.layers.fused_moe.routed_experts.RoutedExperts.
     _get_quant_method`` (class attribute; a wrapper that calls it). Only while
-    a Kimi-K3 NVIDIA ``KimiMoE`` is being built (main model and MTP draft)
+    a Kimi-K3 ``KimiMoE`` is being built (NVIDIA or AMD; main model and MTP draft)
     does the wrapper act: it chooses the layer's per-GPU layout (the
     ``FusedMoEConfig`` partition fields), builds the quantization method for
     it, and sets two instance attributes on that method,
@@ -113,6 +113,7 @@ Verified against
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -134,13 +135,13 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     PartitionChoice,
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.said_once import say_once
-from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
+from vllm_kimi_k3_moe.models.kimi_k3.amd import linear as amd_linear
+from vllm_kimi_k3_moe.models.kimi_k3.kimi_moe import (
     KimiMoEBuild,
     current_kimi_moe_build,
+    factory_gets_logical_size,
 )
-from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import (
-    in_vllm as model_fix_in_vllm,
-)
+from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model as nvidia_model
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
 from vllm_kimi_k3_moe.verification import first_layer
 
@@ -312,5 +313,15 @@ def relied_on(find: Callable[[str], Any]) -> str | None:
 
 def in_vllm(find: Callable[[str], Any]) -> str | None:
     """With vLLM's own ``KimiMoE`` giving the logical size, each method pads
-    for its kernel in vLLM itself: the partition is vLLM's (the same PR)."""
-    return model_fix_in_vllm(find)
+    for its kernel in vLLM itself: the partition is vLLM's (the same PR).
+    Asked of each Kimi-K3 model this process imported (the NVIDIA model, the
+    AMD one on ROCm and XPU; importing the other is not this check's to do)."""
+    inits = [
+        init
+        for init in (nvidia_model.KIMI_MOE_INIT, amd_linear.KIMI_MOE_INIT)
+        if init.partition(":")[0] in sys.modules
+    ]
+    fixed = [factory_gets_logical_size(init) for init in inits]
+    if fixed and all(fixed):
+        return fixed[0]
+    return None

@@ -93,7 +93,6 @@ from vllm_kimi_k3_moe.patching import add_subclass_layer, remove_subclass_layer
 # and the layerwise reload's counting pass on ``meta`` (which it leaves out
 # of its ledger).
 TARGETS = (
-    "vllm.models.kimi_k3.nvidia.model:KimiMoE.__init__",
     "vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts.weight_loader",
     "vllm.model_executor.model_loader.reload.meta:get_numel_loaded",
 )
@@ -367,12 +366,24 @@ def expert_loading(experts: nn.Module) -> StrictExpertLoading | None:
 class StrictlyLoadedKimiMoE:
     """Put in front of upstream ``KimiMoE`` in the patched class's MRO."""
 
-    def __init__(
-        self, config: Any, vllm_config: Any, *args: Any, **kwargs: Any
-    ) -> None:
-        super().__init__(config, vllm_config, *args, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         if _still_applied(type(self)):  # not if the plugin stepped aside
-            make_expert_loading_strict(self, config.moe_intermediate_size, vllm_config)
+            config = kwargs["config"] if "config" in kwargs else args[0]
+            make_expert_loading_strict(
+                self, config.moe_intermediate_size, _vllm_config_of(args, kwargs)
+            )
+
+
+def _vllm_config_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The ``VllmConfig`` a ``KimiMoE`` is built under: NVIDIA's takes it
+    second (``(config, vllm_config, ...)``); AMD's takes none (``(config,
+    quant_config, prefix, layer_idx)``) and is built, as every layer, under
+    the model's current config."""
+    from vllm.config import VllmConfig, get_current_vllm_config
+
+    given = kwargs.get("vllm_config", args[1] if len(args) > 1 else None)
+    return given if isinstance(given, VllmConfig) else get_current_vllm_config()
 
 
 def _still_applied(cls: type) -> bool:
@@ -384,8 +395,8 @@ def _still_applied(cls: type) -> bool:
 
 
 def apply(upstream: ModuleType) -> None:
-    """Install the patch into vLLM's imported Kimi-K3 NVIDIA model module
-    (idempotent)."""
+    """Install the patch into an imported vLLM Kimi-K3 model module (NVIDIA's
+    ``nvidia/model.py``, or ``amd/linear.py`` on ROCm and XPU) (idempotent)."""
     add_subclass_layer(upstream, "KimiMoE", StrictlyLoadedKimiMoE)
 
 

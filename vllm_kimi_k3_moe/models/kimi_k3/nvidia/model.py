@@ -17,7 +17,8 @@ Why
     holds.
 How
     ``padded_moe_intermediate_size`` becomes a property of a subclass layer
-    (``patching.add_subclass_layer``) put in front of upstream ``KimiMoE``.
+    (``patching.add_subclass_layer``) put in front of upstream ``KimiMoE``
+    (``vllm_kimi_k3_moe.models.kimi_k3.kimi_moe``, shared with the AMD patch).
     Upstream ``KimiMoE.__init__`` assigns it (the model-level value, kept),
     then reads it twice: as the regular ``FusedMoEFactory``'s
     ``intermediate_size`` and in the guard of its post-construction block
@@ -30,7 +31,8 @@ How
     per-rank partition each quantization method then allocates is chosen in
     ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts``
     from the build recorded here (logical and model-level size).
-    ``vllm.models.kimi_k3.amd`` is never touched.
+    ROCm and XPU build Kimi-K3's MoE from ``amd/linear.py``: its own patch
+    (``vllm_kimi_k3_moe.models.kimi_k3.amd.linear``).
 Related PR
     vLLM "[Bugfix][Model] Kimi-K3 NVIDIA: delegate regular FusedMoE padding to
     the selected quantization backend" (builds on #51131, overlaps #50928).
@@ -47,75 +49,20 @@ Verified against
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from vllm_kimi_k3_moe.models.kimi_k3.kimi_moe import (
+    BackendPaddedKimiMoE,
+    factory_gets_logical_size,
+    uses_padded_size,
+)
 from vllm_kimi_k3_moe.patching import add_subclass_layer, remove_subclass_layer
-from vllm_kimi_k3_moe.verification.targets import keyword_arguments
 
 KIMI_MOE_INIT = "vllm.models.kimi_k3.nvidia.model:KimiMoE.__init__"
 # What the patch replaces or relies on (``vllm_kimi_k3_moe.verification``).
 TARGETS = (KIMI_MOE_INIT,)
-PADDED = "padded_moe_intermediate_size"
-
-
-@dataclass
-class KimiMoEBuild:
-    """The ``KimiMoE`` under construction and its two sizes."""
-
-    moe: Any
-    logical_size: int  # config.moe_intermediate_size
-    model_level_size: int | None = None  # upstream's padded_moe_intermediate_size
-    # the plugin stepped aside while this layer was built (its fixes did not
-    # hold on a small layer): the rest of it is built as vLLM alone builds it
-    stepped_aside: bool = False
-
-
-_current_build: contextvars.ContextVar[KimiMoEBuild | None] = contextvars.ContextVar(
-    "kimi_k3_moe_current_build", default=None
-)
-
-
-def current_kimi_moe_build() -> KimiMoEBuild | None:
-    """The Kimi-K3 ``KimiMoE`` being constructed in this context, if any."""
-    return _current_build.get()
-
-
-class BackendPaddedKimiMoE:
-    """Put in front of upstream ``KimiMoE`` in the patched class's MRO."""
-
-    def __init__(
-        self, config: Any, vllm_config: Any, *args: Any, **kwargs: Any
-    ) -> None:
-        build = KimiMoEBuild(moe=self, logical_size=config.moe_intermediate_size)
-        token = _current_build.set(build)
-        try:
-            super().__init__(config, vllm_config, *args, **kwargs)
-        finally:
-            _current_build.reset(token)
-        self.__dict__["_model_level_moe_intermediate_size"] = build.model_level_size
-
-    @property
-    def padded_moe_intermediate_size(self) -> int | None:
-        """Upstream's model-level size; the logical size while upstream's
-        ``__init__`` hands it to the regular factory and its fixup guard."""
-        build = _current_build.get()
-        if build is not None and build.moe is self:
-            if build.stepped_aside:
-                return build.model_level_size
-            return build.logical_size
-        return self.__dict__.get("_model_level_moe_intermediate_size")
-
-    @padded_moe_intermediate_size.setter
-    def padded_moe_intermediate_size(self, value: int) -> None:
-        build = _current_build.get()
-        if build is not None and build.moe is self:
-            build.model_level_size = value
-        else:
-            self.__dict__["_model_level_moe_intermediate_size"] = value
 
 
 def apply(upstream: ModuleType) -> None:
@@ -131,15 +78,10 @@ def revert(upstream: ModuleType) -> None:
 def relied_on(find: Callable[[str], Any]) -> str | None:
     """Upstream ``KimiMoE.__init__`` sets and reads ``padded_moe_intermediate_size``
     (the attribute the patch answers as a property)."""
-    if PADDED not in find(KIMI_MOE_INIT).__code__.co_names:
-        return f"{KIMI_MOE_INIT} no longer uses {PADDED}"
-    return None
+    return uses_padded_size(KIMI_MOE_INIT, find)
 
 
 def in_vllm(find: Callable[[str], Any]) -> str | None:
     """vLLM's own ``KimiMoE`` hands its regular ``FusedMoEFactory`` another
     size than the model-level padded one: the upstream fix."""
-    given = keyword_arguments(KIMI_MOE_INIT, "FusedMoEFactory", "intermediate_size")
-    if given and all(PADDED not in g for g in given):
-        return f"KimiMoE gives FusedMoEFactory intermediate_size={given[0]}"
-    return None
+    return factory_gets_logical_size(KIMI_MOE_INIT)
