@@ -107,7 +107,9 @@ INT_WNA16_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
 # the fixes on a small layer where some fix goes on code it was not verified
 # on (``verification.small_layer``).
 PARTITION_PATCH = "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts"
-STRICT_LOADING = "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading"
+STRICT_LOADING = (
+    "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading"
+)
 # What the first layer owes, and settles (imported only where it is owed).
 FIRST_LAYER = "vllm_kimi_k3_moe.verification.first_layer"
 # Each Kimi-K3 model module vLLM builds the MoE from, and its model patch: a

@@ -152,7 +152,9 @@ def test_doctor_gives_each_fix_its_verdict() -> None:
         line[13:] for line in lines if line.startswith(("fixes ", " " * 13 + "on"))
     ]
     # the NVIDIA model's fixes: this box's platform builds it (CUDA's model)
-    judged = vllm_kimi_k3_moe.patches_judged_with({vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL})
+    judged = vllm_kimi_k3_moe.patches_judged_with(
+        {vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL}
+    )
     names = [patch.rsplit(".", 1)[-1] for patch in dict.fromkeys(judged)]
     assert fixes == [
         f"on  {name}: verified, the code of vLLM {installed}" for name in names
