@@ -48,6 +48,7 @@ from vllm_kimi_k3_moe.tools.selftest.layer import (
     kimi_moe,
     load_experts,
     routed_experts,
+    vision_language_model,
     write_layer_config,
 )
 from vllm_kimi_k3_moe.tools.selftest.reference import (
@@ -206,7 +207,7 @@ def loaded_rank(
                 model = build_moe_layers(
                     kimi_model, kimi_model.KimiMoE, vllm_config, str(path.device)
                 )
-                load_experts(model, layer.tensors)
+                load_experts(model, layer.tensors, vision_language_model(kimi_model))
             moe = kimi_moe(model)
             moe.gate.e_score_correction_bias.data.copy_(layer.inputs.bias)
             kernel = path.prepare(model, case.quantization, vllm_config)

@@ -15,10 +15,12 @@ routed, and without them vLLM's MoE runner runs exactly the routed experts.
 from __future__ import annotations
 
 import functools
+import inspect
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from vllm_kimi_k3_moe.patching import upstream_class
 from vllm_kimi_k3_moe.tools.deployment.text_config import (
     KIMI_K3_TEXT_CONFIG,
     one_layer_of_each,
@@ -94,16 +96,44 @@ def build_moe_layers(
                 index >= config.first_k_dense_replace
                 and index % config.moe_layer_freq == 0
             ):
-                layer.block_sparse_moe = kimi_moe_cls(
-                    config,
-                    vllm_config,
-                    quant_config=vllm_config.quant_config,
-                    prefix=f"language_model.model.layers.{index}.block_sparse_moe",
+                prefix = f"language_model.model.layers.{index}.block_sparse_moe"
+                layer.block_sparse_moe = _as_its_decoder_builds_it(
+                    kimi_moe_cls, config, vllm_config, prefix, index
                 )
     model = nn.Module()
     model.language_model = nn.Module()
     model.language_model.model = _moe_layer_tree(kimi_model)(config, layers)
     return model
+
+
+def _as_its_decoder_builds_it(
+    kimi_moe_cls: type, config: Any, vllm_config: Any, prefix: str, index: int
+) -> nn.Module:
+    """A ``KimiMoE`` built as its model's ``KimiDecoderLayer`` builds it: the
+    NVIDIA one takes the ``VllmConfig`` (``nvidia/model.py``), the AMD one
+    (``amd/linear.py``, ROCm and XPU) the quantization config and the layer's
+    index, by keyword."""
+    quant_config = vllm_config.quant_config
+    if "vllm_config" in inspect.signature(upstream_class(kimi_moe_cls)).parameters:
+        return kimi_moe_cls(
+            config, vllm_config, quant_config=quant_config, prefix=prefix
+        )
+    return kimi_moe_cls(
+        config=config, quant_config=quant_config, prefix=prefix, layer_idx=index
+    )
+
+
+def vision_language_model(kimi_model: ModuleType) -> type:
+    """The VL wrapper whose checkpoint names load into ``kimi_model``'s
+    layers (its ``hf_to_vllm_mapper``): ``amd/model.py``'s for the AMD
+    language model (ROCm), else NVIDIA's."""
+    if kimi_model.__name__.endswith(".amd.linear"):
+        from vllm.models.kimi_k3.amd.model import KimiK3ForConditionalGeneration
+
+        return KimiK3ForConditionalGeneration
+    from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
+
+    return KimiK3ForConditionalGeneration
 
 
 def kimi_moe(model: nn.Module) -> nn.Module:
@@ -116,13 +146,19 @@ def routed_experts(moe: nn.Module) -> nn.Module:
     return moe.experts.routed_experts
 
 
-def load_experts(model: nn.Module, tensors: dict[str, Tensor]) -> None:
+def load_experts(
+    model: nn.Module, tensors: dict[str, Tensor], wrapper: type | None = None
+) -> None:
     """Load the checkpoint's expert tensors into ``model`` as vLLM's model
     loader hands a checkpoint to Kimi-K3 (``DefaultModelLoader.load_weights``
-    calls ``load_weights`` with its shards' tensors)."""
+    calls ``load_weights`` with its shards' tensors), through the mapper of
+    the VL ``wrapper`` (``vision_language_model``; default: NVIDIA's)."""
     from vllm.model_executor.models.utils import AutoWeightsLoader
-    from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
 
+    if wrapper is None:
+        from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
+
+        wrapper = KimiK3ForConditionalGeneration
     AutoWeightsLoader(model).load_weights(
-        tensors.items(), mapper=KimiK3ForConditionalGeneration.hf_to_vllm_mapper
+        tensors.items(), mapper=wrapper.hf_to_vllm_mapper
     )
