@@ -16,6 +16,9 @@ import pytest
 
 from tests.models.kimi_k3.amd.conftest import build_amd_kimi_moe
 from tests.models.kimi_k3.builders import routed_experts
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
+    expert_loading,
+)
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 MOE_INTERMEDIATE = 3072
@@ -85,6 +88,7 @@ def test_each_gpu_gets_its_backends_rows(
     assert tuple(layer.w13_weight.shape[:2]) == (experts, 2 * rows)
     assert tuple(layer.w2_weight.shape[:2]) == (experts, moe.moe_hidden_size)
     assert layer.w2_weight.shape[2] * 2 == rows
+    assert expert_loading(layer) is not None  # strict loading on
 
     if MOE_INTERMEDIATE // topology.tp_size >= MIN_ROWS_PER_TP_GPU:
         alone = build_amd_kimi_moe(amd_model, gpu, topology, upstream=True)

@@ -32,6 +32,12 @@ def _situ_and_mul_on_cpu(out: Any, input: Any, beta: float, linear_beta: float) 
     out.copy_(SituAndMul.forward_native(activation, input))
 
 
+# The library defining the op while a ``situ_and_mul_op_on_cpu`` block is
+# entered: a block inside it (the MoE forward inside a layer's build on an
+# AMD GPU stand-in) uses that definition.
+_situ_defined: list[Any] = []
+
+
 @contextmanager
 def situ_and_mul_op_on_cpu() -> Iterator[None]:
     """vLLM's MoE activation (``apply_moe_activation``) calls
@@ -42,6 +48,9 @@ def situ_and_mul_op_on_cpu() -> Iterator[None]:
     parameters."""
     import torch
 
+    if _situ_defined:  # within another such block: defined there
+        yield
+        return
     library = torch.library.Library("_C", "FRAGMENT")
     try:
         library.define(
@@ -49,8 +58,11 @@ def situ_and_mul_op_on_cpu() -> Iterator[None]:
             "float linear_beta) -> ()"
         )
         library.impl("situ_and_mul", _situ_and_mul_on_cpu, "CPU")
+        _situ_defined.append(library)
         yield
     finally:
+        if _situ_defined and _situ_defined[-1] is library:
+            _situ_defined.pop()
         library._destroy()
 
 

@@ -100,3 +100,16 @@ def an_amd_gpu(arch: str = CDNA3, *, aiter: bool = False) -> Iterator[None]:
         )
         stack.enter_context(replaced_attributes(ocp_mx_emulation_moe, has_quark=_yes))
         yield
+
+
+@contextmanager
+def aiter_off() -> Iterator[None]:
+    """AITER's switches off for the block (inside ``an_amd_gpu(...,
+    aiter=True)``): vLLM's own non-AITER code runs where it would call one of
+    AITER's GPU kernels (the router's grouped top-k), as with
+    ``VLLM_ROCM_USE_AITER=0``. Holds no parameters."""
+    from vllm import _aiter_ops
+
+    ops = _aiter_ops.rocm_aiter_ops
+    with replaced_attributes(ops, _AITER_ENABLED=False, _FMOE_ENABLED=False):
+        yield
