@@ -41,6 +41,7 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
 )
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 from vllm_kimi_k3_moe.tools.selftest.layer import build_moe_layers
+from vllm_kimi_k3_moe.verification import first_layer, verdict
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +89,21 @@ def fresh_registration(kimi_model, monkeypatch, caplog):
     monkeypatch.undo()  # the test's version or platform first
     vllm_kimi_k3_moe.unregister()
     vllm_kimi_k3_moe.register()
+
+
+@pytest.fixture
+def unverified_code(kimi_model, fresh_registration, monkeypatch) -> object:
+    """The plugin registered on code it was not verified on: every recorded
+    digest another, signatures as recorded."""
+    other = {
+        release: {patch: {**code, "digest": "0" * 16} for patch, code in fixes.items()}
+        for release, fixes in verdict.VERIFIED_CODE.items()
+    }
+    monkeypatch.setattr(verdict, "VERIFIED_CODE", other)
+    fresh_registration.set_level(logging.INFO, logger=vllm_kimi_k3_moe.logger.name)
+    vllm_kimi_k3_moe.register()
+    assert first_layer.owed()
+    return fresh_registration
 
 
 @pytest.fixture

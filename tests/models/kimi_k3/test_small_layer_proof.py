@@ -27,7 +27,7 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading impo
 )
 from vllm_kimi_k3_moe.patching import upstream_class
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
-from vllm_kimi_k3_moe.verification import first_layer, verdict
+from vllm_kimi_k3_moe.verification import first_layer
 from vllm_kimi_k3_moe.verification.small_layer import (
     NotProven,
     Placed,
@@ -60,21 +60,6 @@ PROVEN = [
     ("awq", "marlin", TP32),  # transposed, whole groups
     ("bf16", "triton", TP32),
 ]
-
-
-@pytest.fixture
-def unverified_code(kimi_model, fresh_registration, monkeypatch) -> Any:
-    """The plugin registered on code it was not verified on: every recorded
-    digest another, signatures as recorded."""
-    other = {
-        release: {patch: {**code, "digest": "0" * 16} for patch, code in fixes.items()}
-        for release, fixes in verdict.VERIFIED_CODE.items()
-    }
-    monkeypatch.setattr(verdict, "VERIFIED_CODE", other)
-    fresh_registration.set_level(logging.INFO, logger=vllm_kimi_k3_moe.logger.name)
-    vllm_kimi_k3_moe.register()
-    assert first_layer.owed()
-    return fresh_registration
 
 
 def build(model: Any, fmt: str, backend: str, topology: Topology) -> Any:

@@ -13,10 +13,7 @@ import pytest
 import vllm_kimi_k3_moe
 from tests.models.kimi_k3.amd.conftest import build_amd_kimi_moe
 from tests.models.kimi_k3.builders import routed_experts
-from tests.models.kimi_k3.test_small_layer_proof import (  # noqa: F401 (fixture)
-    plugin_lines,
-    unverified_code,
-)
+from tests.models.kimi_k3.test_small_layer_proof import plugin_lines
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.verification import first_layer, verdict
 
