@@ -39,3 +39,23 @@ def test_the_first_amd_layer_proves_the_fixes(amd_model, unverified_code, gpu, r
     assert not first_layer.owed()
     assert AMD_FIX in vllm_kimi_k3_moe._decided[0]
     assert layer.moe_config.intermediate_size_per_partition == rows
+
+
+def test_doctor_judges_the_amd_model_on_rocm(amd_model):
+    """``doctor``'s verdicts (``verification.report``) are those of the model
+    the platform builds: on ROCm the AMD model's fix with the shared ones."""
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_platform import an_amd_gpu
+    from vllm_kimi_k3_moe.verification import report
+
+    with an_amd_gpu():
+        answer = report.report()
+    assert answer["model"] == vllm_kimi_k3_moe.KIMI_K3_AMD_LINEAR
+    names = [line.split(":")[0] for line in answer["fixes"]]
+    assert names == [
+        "on  linear",
+        "on  routed_experts",
+        "on  strict_expert_loading",
+        "on  default_loader",
+        "on  int_wna16",
+    ]
+    assert answer["line"] is None  # verified code of a verified release
