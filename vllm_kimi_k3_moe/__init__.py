@@ -9,6 +9,12 @@ ledger entry; each applies and reverts on its own):
     backend owns the padded per-rank layout. Delete with the vLLM release that
     ships the upstream fix.
 
+``vllm_kimi_k3_moe.models.kimi_k3.amd.linear``
+    ``vllm.models.kimi_k3.amd.linear.KimiMoE`` (Kimi-K3's MoE on ROCm and
+    XPU): the same fix, where vLLM alone raises ``AttributeError`` at every
+    tensor-parallel size of 16 or more. Delete with the vLLM release whose
+    AMD ``KimiMoE`` hands the factory the logical size.
+
 ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts``
     ``RoutedExperts._get_quant_method``: inside a Kimi-K3 ``KimiMoE`` only,
     the layer's per-GPU layout is chosen before its quantization method is
@@ -26,7 +32,7 @@ ledger entry; each applies and reverts on its own):
     in-place update. Delete with the model patch.
 
 ``vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading``
-    ``vllm.models.kimi_k3.nvidia.model.KimiMoE``: its routed-expert
+    ``KimiMoE`` of both models (NVIDIA's, AMD's): its routed-expert
     parameters' ``weight_loader`` refuses checkpoint tensors of the wrong
     shape or dtype and, at the cold start, duplicated and never-loaded expert
     tensors, in every format the registry knows; in-place updates are held
@@ -57,8 +63,9 @@ The offline tools (``vllm_kimi_k3_moe.tools``) are never imported by a
 serving process; their temporary stand-ins for vLLM internals have their own
 ledger in ``vllm_kimi_k3_moe.tools.meta_rank``.
 
-``register()`` only installs an import hook: the patches apply when vLLM imports
-the Kimi-K3 NVIDIA model module, in whichever process does so. ``unregister()``
+``register()`` only installs import hooks: the patches apply when vLLM imports
+a Kimi-K3 model module (NVIDIA's, or the AMD one on ROCm and XPU), in
+whichever process does so; a process judges only the models it imports. ``unregister()``
 removes the hooks and reverts the patches.
 
 Glossary (the code's names follow it):
