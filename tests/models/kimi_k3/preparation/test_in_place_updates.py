@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -54,17 +55,22 @@ def updated_like_fresh(
     case: PreparationCase,
     path: str,
     online: OnlineQuantization | None = None,
+    selection: Any = None,
 ) -> list[str]:
     """What differs, after each update through ``path``, from a fresh load of
     the same weights on ``case``'s GPU (each loaded with other random
     bytes in memory nobody wrote)."""
     fresh = {}
     for version in UPDATES:
-        with served_rank(kimi_model, case, version, online, seed=100 + version) as r:
+        with served_rank(
+            kimi_model, case, version, online, seed=100 + version, selection=selection
+        ) as r:
             fresh[version] = snapshot(r.experts)
     problems = []
     state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-updates-")}
-    with served_rank(kimi_model, case, 0, online, seed=1) as served:
+    with served_rank(
+        kimi_model, case, 0, online, seed=1, selection=selection
+    ) as served:
         assert is_online(served.experts.quant_method) == (online is not None)
         for version in UPDATES:
             PATHS[path](served, weights_of(served.layer, version), state)

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -51,6 +52,7 @@ from vllm_kimi_k3_moe.tools.selftest.layer import (
     build_moe_layers,
     kimi_moe,
     routed_experts,
+    vision_language_model,
 )
 
 CPU = torch.device("cpu")
@@ -73,14 +75,14 @@ def weights_of(layer: PreparedLayer, version: int) -> Weights:
     return moved
 
 
-def _load_weights(model: nn.Module, weights: Any) -> set[str]:
-    """``KimiK3ForConditionalGeneration.load_weights``: vLLM's
-    ``AutoWeightsLoader`` with Kimi-K3's checkpoint name mapper."""
+def _load_weights(model: nn.Module, wrapper: type, weights: Any) -> set[str]:
+    """``KimiK3ForConditionalGeneration.load_weights`` (``wrapper``: the VL
+    model of the language model's module): vLLM's ``AutoWeightsLoader`` with
+    Kimi-K3's checkpoint name mapper."""
     from vllm.model_executor.models.utils import AutoWeightsLoader
-    from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
 
     return AutoWeightsLoader(model).load_weights(
-        weights, mapper=KimiK3ForConditionalGeneration.hf_to_vllm_mapper
+        weights, mapper=wrapper.hf_to_vllm_mapper
     )
 
 
@@ -125,6 +127,7 @@ def served_rank(
     online: OnlineQuantization | None = None,
     seed: int = 0,
     redundant_experts: int = 0,
+    selection: Callable[[Any], AbstractContextManager[Any]] | None = None,
 ) -> Iterator[ServedRank]:
     """``case``'s GPU built through the ``KimiMoE`` vLLM's model module holds
     now (the plugin's, or vLLM alone's), cold-loaded with version
@@ -132,7 +135,9 @@ def served_rank(
     block, uninitialised memory random (``seed``) throughout. With
     ``redundant_experts``: ``--enable-eplb`` with that many redundant
     experts (``ParallelConfig`` refuses EPLB off a CUDA platform, so its
-    two fields are set after it checked)."""
+    two fields are set after it checked). ``selection(deployment)``: the
+    GPU's kernel selection (default: an NVIDIA GPU's, the CPU reference
+    kernel's)."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
     from vllm.v1.worker import workspace
@@ -144,7 +149,7 @@ def served_rank(
     with (
         random_uninitialised_memory(seed),
         simulated_rank(rank),
-        ReferenceKernel().selection(selftest.deployment(topology)),
+        (selection or ReferenceKernel().selection)(selftest.deployment(topology)),
     ):
         vllm_config = rank_vllm_config(
             layer.model_dir, topology, case.backend, online=online
@@ -162,7 +167,8 @@ def served_rank(
                     kimi_model, kimi_model.KimiMoE, vllm_config, "cpu"
                 )
                 record_metadata_for_reloading(model)  # vLLM's initialize_model
-                model.load_weights = functools.partial(_load_weights, model)
+                wrapper = vision_language_model(kimi_model)
+                model.load_weights = functools.partial(_load_weights, model, wrapper)
                 experts = routed_experts(kimi_moe(model))
                 served = ServedRank(model, experts, vllm_config, layer)
                 model.load_weights(weights_of(layer, weights).items())
