@@ -34,6 +34,15 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     positive_int,
     quiet_vllm,
 )
+from vllm_kimi_k3_moe.tools.deployment.gpus import (
+    ALL_GPU_PRESETS,
+    AMD_MOE_BACKENDS,
+    AMD_PRESETS,
+    INTEL,
+    an_amd_gpu_named,
+    gpu_preset,
+)
+from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import GPU_CAPABILITY
 from vllm_kimi_k3_moe.tools.deployment.serve_line import (
     named_model,
     read_serve_command,
@@ -45,6 +54,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     Topology,
     validate_prefill_context_parallel,
 )
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_gpu_of_capability
 from vllm_kimi_k3_moe.tools.plan.online_names import online_config
 from vllm_kimi_k3_moe.tools.plan.planner import (
     MoeMemoryPlan,
@@ -135,6 +145,18 @@ def add_command(commands: Subcommands) -> None:
         "more). Names as for plan --moe-backend",
     )
     check.add_argument(
+        "--gpu",
+        type=str.lower,
+        choices=tuple(ALL_GPU_PRESETS),
+        metavar="NAME",
+        help="the GPU the layout is for (as plan --gpu): on an AMD GPU "
+        f"({', '.join(AMD_PRESETS)}) --moe-backend takes ROCm's names "
+        f"({', '.join(dict.fromkeys(sum(AMD_MOE_BACKENDS.values(), ())))}, "
+        "as plan prints them there) and vLLM's AMD Kimi-K3 MoE is built "
+        "as on that GPU; on an NVIDIA one vLLM builds as on its compute "
+        "capability",
+    )
+    check.add_argument(
         "--all",
         dest="show_all",
         action="store_true",
@@ -218,6 +240,17 @@ def _asked(args: argparse.Namespace) -> CheckInput:
 
 def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # vLLM's parser and model on the meta device only
+    preset = None if args.gpu is None else gpu_preset(args.gpu)
+    if preset is not None and preset.vendor == INTEL:
+        fail("check", f"--gpu {preset.name}: no Intel XPU build of vLLM's model yet")
+    with an_amd_gpu_named(preset and preset.arch):
+        return _checked(args, GPU_CAPABILITY.get(args.gpu or ""))
+
+
+def _checked(args: argparse.Namespace, capability: tuple[int, int] | None) -> int:
+    """``run``, with the GPU ``--gpu`` names held (an AMD one's
+    architecture; ``capability``: an NVIDIA one's, held while vLLM's model
+    is built)."""
     try:  # refuses what it cannot use before reading the shards
         asked = _asked(args)
         validate_prefill_context_parallel(asked.pcp_size)
@@ -226,7 +259,11 @@ def run(args: argparse.Namespace) -> int:
         fail("check", str(error))
     backend = asked.backend
     if args.json:
-        plan = None if backend is None else _vllm_allocation(report, backend, asked)
+        plan = (
+            None
+            if backend is None
+            else _vllm_allocation(report, backend, asked, capability)
+        )
         # as text: sys.stdout may be a stream without a binary buffer
         print(as_json(report, plan).decode(), end="", flush=True)
         return report.status
@@ -235,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join([*headline(report), *summarised]), flush=True)
     if backend is not None:
         stages = report.stages if report.parallelism.pp_size > 1 else []
-        moe = _vllm_allocation(report, backend, asked)
+        moe = _vllm_allocation(report, backend, asked, capability)
         print("\n".join(allocation(moe, stages)))
     print("\n".join([*problem_lines(report.problems, args.show_all), *verdict(report)]))
     return report.status
@@ -250,7 +287,10 @@ def _online_method(report: PreflightReport, asked: CheckInput) -> str | None:
 
 
 def _vllm_allocation(
-    report: PreflightReport, backend: str, asked: CheckInput
+    report: PreflightReport,
+    backend: str,
+    asked: CheckInput,
+    capability: tuple[int, int] | None = None,
 ) -> MoeMemoryPlan:
     """check --moe-backend: what vLLM allocates for the checkpoint's
     deployment, upstream and with the plugin (imports vLLM); a BF16
@@ -271,7 +311,7 @@ def _vllm_allocation(
     deployment = Deployment.of(report.parallelism, backend, fmt, online, config)
     assert report.layout.language_model is not None  # read with --moe-backend
     try:
-        with quiet_vllm():
+        with quiet_vllm(), a_gpu_of_capability(capability):
             return plan_deployment(
                 report.layout.language_model,
                 deployment,

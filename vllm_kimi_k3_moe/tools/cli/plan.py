@@ -45,7 +45,11 @@ from vllm_kimi_k3_moe.tools.deployment.gpu_budget import (
     CONTEXT_GIB,
     BudgetError,
 )
-from vllm_kimi_k3_moe.tools.deployment.gpus import GPU_PRESETS
+from vllm_kimi_k3_moe.tools.deployment.gpus import (
+    ALL_GPU_PRESETS,
+    AMD_MOE_BACKENDS,
+    AMD_PRESETS,
+)
 from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import KernelOnGpu
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.deployment.topology import (
@@ -75,7 +79,13 @@ if TYPE_CHECKING:
 
 
 def _gpus() -> str:
-    return ", ".join(f"{p.name} ({p.memory_gib:g} GiB)" for p in GPU_PRESETS.values())
+    return ", ".join(
+        f"{p.name} ({p.memory_gib:g} GiB)" for p in ALL_GPU_PRESETS.values()
+    )
+
+
+def _amd_backends() -> str:
+    return "; ".join(f"{q}: {', '.join(b)}" for q, b in AMD_MOE_BACKENDS.items())
 
 
 def add_command(commands: Subcommands) -> None:
@@ -104,8 +114,13 @@ def add_command(commands: Subcommands) -> None:
             "null where a layout does not fit)."
         ),
         epilog=(
-            f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees. "
-            f"MoE backends per format (--moe-backend): {backends_by_format()}. "
+            f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees (HIP's "
+            "on AMD). "
+            f"MoE backends per format (--moe-backend): {backends_by_format()}; "
+            f"on an AMD GPU ({', '.join(AMD_PRESETS)}), where plan builds "
+            "vLLM's AMD Kimi-K3 MoE: "
+            f"{_amd_backends()} (default: what vLLM selects there with "
+            "--moe-backend auto). "
             "Exit status: 0 printed, 2 unusable input (one line on stderr)."
         ),
     )
@@ -119,7 +134,7 @@ def add_command(commands: Subcommands) -> None:
     plan.add_argument(
         "--gpu",
         metavar="NAME",
-        help=f"the GPU, for its memory: {', '.join(GPU_PRESETS)}",
+        help=f"the GPU, for its memory: {', '.join(ALL_GPU_PRESETS)}",
     )
     plan.add_argument(
         "--gpu-memory-gib",

@@ -1,25 +1,41 @@
-"""GPU presets for ``plan --gpu NAME``: each GPU's memory as vLLM sees it.
+"""GPU presets for ``plan --gpu NAME``: each GPU's memory as vLLM sees it,
+and which vendor's build of vLLM runs on it.
 
 vLLM takes ``--gpu-memory-utilization`` of the total a CUDA process sees
 (``torch.cuda.mem_get_info()``), which is ``nvidia-smi``'s "Total" less the
 driver's reserved memory (``nvidia-smi -q``: "Reserved"), 0.5-0.9 GiB, and
 below the marketed figure. Each preset is that CUDA total in MiB, with where
-it was read; ``--gpu-memory-gib`` stays for any other GPU or driver.
+it was read; ``--gpu-memory-gib`` stays for any other GPU or driver. On
+AMD GPUs vLLM's ROCm build reads the same torch call, which HIP answers
+(PyTorch's "total capacity" in its out-of-memory message is that figure).
+
+Why the vendor: on ROCm (and on Intel XPU) vLLM builds Kimi-K3's language
+model from another file (``vllm/models/kimi_k3/amd/linear.py``) and selects
+among other MoE kernels, so a plan for an AMD GPU builds that model as on
+the GPU's architecture (``gfx942``: CDNA3, ``gfx950``: CDNA4), which
+``an_amd_gpu_named`` holds while plan works.
 Plain Python: the command line validates ``--gpu`` before vLLM is imported.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 MIB_PER_GIB = 1024
+NVIDIA, AMD, INTEL = "nvidia", "amd", "intel"
 
 
 @dataclass(frozen=True)
 class GpuPreset:
     name: str
     title: str
-    cuda_total_mib: int  # what a CUDA process sees as the device's total
+    cuda_total_mib: int  # what a CUDA (HIP) process sees as the device's total
+    vendor: str = NVIDIA
+    # the GPU architecture ROCm reports (gcnArchName's name), AMD GPUs only
+    arch: str | None = None
 
     @property
     def memory_gib(self) -> float:
@@ -63,16 +79,81 @@ GPU_PRESETS: dict[str, GpuPreset] = {
     )
 }
 
+# AMD's and Intel's GPUs, apart from NVIDIA's: vLLM builds Kimi-K3 there from
+# another model file and has no CUDA compute capability to ask
+# (``kernel_gpus.GPU_CAPABILITY`` holds NVIDIA's).
+ROCM_AND_XPU_PRESETS: dict[str, GpuPreset] = {
+    preset.name: preset
+    for preset in (
+        # HIP "total capacity of 191.98 GiB" (PyTorch's out-of-memory message
+        # on MI300X, AMD ROCm blogs, "GPTQ quantization on AMD GPUs" with
+        # GPTQModel); marketed 192 GB (HBM3).
+        GpuPreset("mi300x", "MI300X 192GB", 196588, AMD, "gfx942"),
+        # HIP "total capacity of 255.98 GiB" (public vLLM ROCm reports of
+        # HIP out-of-memory on MI325X, e.g. the sparse-MLA decode fallback's);
+        # marketed 256 GB (HBM3E).
+        GpuPreset("mi325x", "MI325X 256GB", 262124, AMD, "gfx942"),
+        # HIP "total capacity of 287.98 GiB" (public MI355X out-of-memory
+        # reports from vLLM and SGLang runs); marketed 288 GB (HBM3E).
+        GpuPreset("mi355x", "MI355X 288GB", 294892, AMD, "gfx950"),
+        # No measurement found of what vLLM's XPU build sees: the marketed
+        # 128 GB of HBM2e (8 stacks of 16 GiB), taken as 128 GiB.
+        GpuPreset("max1550", "Intel Max 1550 128GB", 128 * MIB_PER_GIB, INTEL),
+    )
+}
+
+# Every preset ``--gpu`` takes
+ALL_GPU_PRESETS: dict[str, GpuPreset] = {**GPU_PRESETS, **ROCM_AND_XPU_PRESETS}
+# The AMD presets' names, for messages
+AMD_PRESETS = tuple(n for n, p in ROCM_AND_XPU_PRESETS.items() if p.vendor == AMD)
+
+# The --moe-backend names vLLM's MXFP4 method takes on ROCm for Kimi-K3
+# (``map_mxfp4_backend``: "emulation" is its OCP MX emulation experts,
+# "aiter" every AITER MXFP4 variant), by format; plan knows AMD's MXFP4 only.
+AMD_MOE_BACKENDS: dict[str, tuple[str, ...]] = {"mxfp4": ("emulation", "aiter")}
+
 
 class GpuError(ValueError):
     """An unknown GPU name; one line."""
 
 
+# The AMD GPU architecture (``GpuPreset.arch``) the tools build vLLM's model
+# for, while ``an_amd_gpu_named`` is entered; None: no AMD GPU named.
+_NAMED_AMD_ARCH: ContextVar[str | None] = ContextVar("named_amd_arch", default=None)
+
+
+def named_amd_arch() -> str | None:
+    """The AMD GPU architecture ``an_amd_gpu_named`` holds, if entered."""
+    return _NAMED_AMD_ARCH.get()
+
+
+@contextmanager
+def an_amd_gpu_named(arch: str | None) -> Iterator[None]:
+    """While entered, the tools build vLLM's model as on an AMD GPU of
+    ``arch`` (``gfx942``, ``gfx950``; None: nothing changes): vLLM's AMD
+    Kimi-K3 MoE, ROCm's kernels (``meta_rank.stand_ins.amd_gpu``). Holds
+    no vLLM state: plain Python."""
+    if arch is None:
+        yield
+        return
+    token = _NAMED_AMD_ARCH.set(arch)
+    try:
+        yield
+    finally:
+        _NAMED_AMD_ARCH.reset(token)
+
+
+def amd_moe_backends(quantization: str) -> tuple[str, ...]:
+    """The ``--moe-backend`` names ``quantization`` takes on ROCm (empty:
+    none plan knows)."""
+    return AMD_MOE_BACKENDS.get(quantization, ())
+
+
 def gpu_preset(name: str) -> GpuPreset:
     try:
-        return GPU_PRESETS[name.lower()]
+        return ALL_GPU_PRESETS[name.lower()]
     except KeyError:
         raise GpuError(
-            f"unknown --gpu {name!r}; choose one of {', '.join(GPU_PRESETS)}, "
+            f"unknown --gpu {name!r}; choose one of {', '.join(ALL_GPU_PRESETS)}, "
             "or give --gpu-memory-gib"
         ) from None

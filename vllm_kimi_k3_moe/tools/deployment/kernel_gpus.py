@@ -27,6 +27,7 @@ from typing import Any
 
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.formats import FORMATS, format_named
+from vllm_kimi_k3_moe.tools.deployment.gpus import amd_moe_backends, named_amd_arch
 from vllm_kimi_k3_moe.tools.deployment.text_config import (
     main_moe_layers,
     one_layer_of_each,
@@ -42,7 +43,10 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     runs_on_capability,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
-from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
+from vllm_kimi_k3_moe.tools.meta_rank.whole_model import (
+    amd_kimi_moe_module,
+    build_rank,
+)
 from vllm_kimi_k3_moe.tools.plan.planner import BUILD_ERRORS
 
 GPU_CAPABILITY: dict[str, tuple[int, int]] = {
@@ -85,19 +89,22 @@ class KernelOnGpu:
         return self.kernel is not None
 
 
-def kernel_on_gpu(
+def _routed_method(
     text_config: dict[str, Any],
     deployment: Deployment,
     capability: tuple[int, int] | None,
-    quantization_config: dict[str, Any] | None = None,
-) -> KernelOnGpu:
-    """What vLLM selects for ``deployment``'s ``--moe-backend`` on a GPU of
-    ``capability`` (None: any GPU that runs the kernel): the MoE layer built
-    as plan builds it (one dense and one MoE layer of ``text_config``, the
-    plugin registered), each kernel's device check answering as on that
-    GPU. Imports vLLM."""
+    quantization_config: dict[str, Any] | None,
+) -> Any:
+    """The routed experts' quantization method vLLM builds for
+    ``deployment`` as plan builds it (one dense and one MoE layer of
+    ``text_config``, the plugin registered) on a GPU of ``capability``, or
+    vLLM's refusal (one line)."""
     vllm_kimi_k3_moe.register()
-    model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+    model = (
+        amd_kimi_moe_module()
+        if named_amd_arch() is not None
+        else importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+    )
     # one stage: pipeline stages change which layers a GPU holds, not the
     # kernel, and the MoE layer of the two built must be rank 0's
     deployment = replace(deployment, pp_size=1)
@@ -112,13 +119,30 @@ def kernel_on_gpu(
                     model.KimiMoE, layers, deployment, serving, model_dir
                 )
         except BUILD_ERRORS as error:
-            reason = " ".join(f"{type(error).__name__}: {error}".split())
-            return KernelOnGpu(deployment.backend, None, reason)
+            return " ".join(f"{type(error).__name__}: {error}".split())
     moe = built.model.language_model.model.layers[main_moe_layers(layers)[0]]
-    method = moe.block_sparse_moe.experts.routed_experts.quant_method
+    return moe.block_sparse_moe.experts.routed_experts.quant_method
+
+
+def kernel_on_gpu(
+    text_config: dict[str, Any],
+    deployment: Deployment,
+    capability: tuple[int, int] | None,
+    quantization_config: dict[str, Any] | None = None,
+) -> KernelOnGpu:
+    """What vLLM selects for ``deployment``'s ``--moe-backend`` on a GPU of
+    ``capability`` (None: any GPU that runs the kernel; on an AMD GPU named,
+    ``gpus.an_amd_gpu_named``: that one): the MoE layer built as plan builds
+    it, each kernel's device check answering as on that GPU. Imports
+    vLLM."""
+    method = _routed_method(text_config, deployment, capability, quantization_config)
+    if isinstance(method, str):
+        return KernelOnGpu(deployment.backend, None, method)
     chosen = getattr(method, "experts_cls", None)
     if chosen is None:  # the method runs its own kernel, which vLLM checked
         return KernelOnGpu(deployment.backend, type(method).__name__)
+    if named_amd_arch() is not None:  # ROCm's own device checks answered
+        return KernelOnGpu(deployment.backend, chosen.__name__)
     # None on every GPU generation: its check asks for what this machine lacks
     asked = capability or SERVING_GPU_CAPABILITY
     verified = runs_on_capability(chosen, asked) is not None
@@ -129,7 +153,10 @@ def candidate_backends(deployment: Deployment) -> tuple[str, ...]:
     """The ``--moe-backend`` names ``deployment``'s experts may run on: its
     format's; for a method quantizing the BF16 checkpoint while loading it
     (whose kernels no format lists), every format's (the NVIDIA kernels
-    plan knows; vLLM's selection refuses those the method does not take)."""
+    plan knows; vLLM's selection refuses those the method does not take);
+    on an AMD GPU named, ROCm's (``gpus.AMD_MOE_BACKENDS``)."""
+    if named_amd_arch() is not None:
+        return amd_moe_backends(deployment.quantization)
     if deployment.online is None:
         return format_named(deployment.quantization).moe_backends
     return tuple(dict.fromkeys(b for fmt in FORMATS for b in fmt.moe_backends))
@@ -186,7 +213,7 @@ def what_builds_instead(
     )
     if running or untold:
         return f"vLLM builds it with --moe-backend {_in_words(running, untold)}"
-    if capability is not None:
+    if capability is not None or named_amd_arch() is not None:
         return ""
     builds = {
         of: kernel_on_gpu(text_config, deployment, of, quantization_config).runs
@@ -206,18 +233,53 @@ def refuse_a_kernel_the_gpu_cannot_run(
     ``DeploymentError`` where it selects no kernel for ``deployment``'s
     ``--moe-backend`` on ``gpu`` (a ``--gpu`` preset), naming vLLM's reason
     and the other backends that do run there. Imports vLLM."""
-    capability = GPU_CAPABILITY[gpu.lower()]
+    capability = GPU_CAPABILITY.get(gpu.lower())  # None: an AMD GPU's
     answer = kernel_on_gpu(text_config, deployment, capability, quantization_config)
     if answer.runs:
         return answer
     running, untold = other_backends(
         text_config, deployment, capability, quantization_config
     )
-    major, minor = capability
+    which = (
+        "ROCm" if capability is None else "compute capability {}.{}".format(*capability)
+    )
     raise DeploymentError(
-        f"--moe-backend {deployment.backend} does not run on {gpu} (compute "
-        f"capability {major}.{minor}): vLLM selects no kernel for it there "
+        f"--moe-backend {deployment.backend} does not run on {gpu} ({which}): "
+        "vLLM selects no kernel for it there "
         f"({answer.refusal}); on {gpu} "
         f"{deployment.online or deployment.quantization} runs on "
         f"{_in_words(running, untold) or 'none of its backends'}"
+    )
+
+
+def backend_vllm_selects_on_amd(
+    text_config: dict[str, Any],
+    quantization: str,
+    quantization_config: dict[str, Any] | None = None,
+) -> str:
+    """The ``--moe-backend`` name of the kernel vLLM selects with
+    ``--moe-backend auto`` for ``quantization`` on the AMD GPU named
+    (``gpus.an_amd_gpu_named``, entered by the caller; AITER as vLLM reads
+    ``VLLM_ROCM_USE_AITER``): vLLM's AMD ``KimiMoE`` built as plan builds it,
+    and the backend its MXFP4 method picked, named by the ROCm
+    ``--moe-backend`` whose candidates (vLLM's ``map_mxfp4_backend``) hold
+    it; a ``DeploymentError`` where vLLM selects none. Imports vLLM."""
+    deployment = Deployment(8, backend="auto", quantization=quantization)
+    method = _routed_method(text_config, deployment, None, quantization_config)
+    if isinstance(method, str):
+        raise DeploymentError(
+            f"vLLM selects no MoE kernel for {quantization} on this AMD GPU ({method})"
+        )
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
+        map_mxfp4_backend,
+    )
+
+    chosen = getattr(method, "mxfp4_backend", None)
+    names = amd_moe_backends(quantization)
+    for name in names:
+        if chosen in map_mxfp4_backend(name):
+            return name
+    raise DeploymentError(
+        f"vLLM selects {chosen} for {quantization} on this AMD GPU, which "
+        f"none of the --moe-backend names plan knows there picks ({', '.join(names)})"
     )

@@ -16,6 +16,11 @@ from typing import Any, Literal
 
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, KimiK3Format, format_named
+from vllm_kimi_k3_moe.tools.deployment.gpus import (
+    AMD_PRESETS,
+    amd_moe_backends,
+    named_amd_arch,
+)
 
 # How a topology is named, by where the name appears (see Topology.label).
 LabelStyle = Literal["short", "product", "sentence"]
@@ -178,6 +183,8 @@ def validate_backend(
             f"choose one of {', '.join(FORMAT_NAMES)}"
         )
     backends = format_named(quantization).moe_backends
+    if named_amd_arch() is not None:  # on an AMD GPU: ROCm's kernels
+        backends = amd_moe_backends(quantization)
     if backend == "auto":
         raise DeploymentError(
             "--moe-backend auto is resolved by vLLM from the GPU it starts on; "
@@ -185,9 +192,16 @@ def validate_backend(
             "e.g. --moe-backend marlin"
         )
     if backend not in backends and online is None:
+        on_rocm = named_amd_arch() is None and backend in amd_moe_backends(quantization)
         raise DeploymentError(
             f"unknown MoE backend {backend!r} for {quantization}; "
             f"choose one of {', '.join(backends)}"
+            + (
+                f" ({backend} is a ROCm backend: name the AMD GPU, --gpu "
+                f"{', '.join(AMD_PRESETS)})"
+                if on_rocm
+                else ""
+            )
         )
 
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from vllm_kimi_k3_moe.patching import replaced_attributes
+from vllm_kimi_k3_moe.tools.deployment.gpus import named_amd_arch
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Topology
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import moe_kernel_of_the_gpu
 
@@ -78,14 +79,20 @@ def simulated_rank(rank: Rank | Topology) -> Iterator[None]:
 def rank_zero_of(deployment: Deployment, pp_rank: int = 0) -> Iterator[None]:
     """Pose as rank 0 of ``deployment`` (of its pipeline stage ``pp_rank``):
     its parallel groups, its MoE kernel
-    chosen as on its GPU (``stand_ins.moe_kernel_of_the_gpu``), and
+    chosen as on its GPU (``stand_ins.moe_kernel_of_the_gpu``; on an AMD GPU
+    named, ``gpus.an_amd_gpu_named``, ROCm's kernels answer their own device
+    checks under its platform stand-in, ``stand_ins.amd_gpu``), and
     bfloat16 (Kimi-K3's dtype) as the default for unquantized weights."""
+    from contextlib import nullcontext
+
     import torch
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     with (
         simulated_rank(Rank(deployment, pp_rank=pp_rank)),
-        moe_kernel_of_the_gpu(deployment),
+        nullcontext()
+        if named_amd_arch() is not None
+        else moe_kernel_of_the_gpu(deployment),
         set_default_torch_dtype(torch.bfloat16),
     ):
         yield

@@ -9,6 +9,19 @@ allocates is read from its parameters (``allocation``). The model is vLLM's
 own code throughout; ``rank`` and ``stand_ins`` stand in only for what a CPU
 lacks (parallel groups, CUDA streams and events, the current device,
 attention, MoE and linear kernels), none of which holds parameters.
+
+On an AMD GPU (``plan --gpu mi300x``; ``gpus.an_amd_gpu_named``) vLLM
+builds Kimi-K3 from ``vllm/models/kimi_k3/amd``, whose ``KimiMoE`` (in
+``amd/linear.py``) is the one that pads and raises. Its whole model does
+not build on a CPU with the stand-ins here yet (its wrapper moves the
+vision tower to the current device unconditionally, its MLA asks ROCm's
+attention selector, its KDA has kernels of its own), so the AMD build is a
+hybrid: vLLM's NVIDIA model for everything but the routed MoE, whose layers
+are vLLM's AMD ``KimiMoE`` (upstream's or the plugin's), built under ROCm's
+platform on that GPU's architecture (``stand_ins.amd_gpu``) with ROCm's own
+MoE kernel selection. The MoE layers, which hold what differs by platform
+(the routed experts' partition), are AMD's own; attention, embeddings and
+norms are sized as vLLM's NVIDIA model allocates them.
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ from typing import Any
 
 from vllm_kimi_k3_moe.compat import dsa_topk_indices_buffer
 from vllm_kimi_k3_moe.patching import replaced_attributes
+from vllm_kimi_k3_moe.tools.deployment.gpus import named_amd_arch
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.deployment.text_config import main_moe_layers
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
@@ -37,6 +51,9 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
     online_method_quantizers,
     whole_model_on_cpu,
 )
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import (
+    as_on_the_named_amd_gpu,
+)
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
     OnlineQuantization,
     rank_vllm_config,
@@ -49,6 +66,40 @@ def kimi_moe_class(model_module: Any, kimi_moe_cls: type) -> Iterator[None]:
     up as a global of vLLM's model module when it builds. Restored on exit."""
     with replaced_attributes(model_module, KimiMoE=kimi_moe_cls):
         yield
+
+
+def amd_kimi_moe_module() -> Any:
+    """vLLM's ``vllm.models.kimi_k3.amd.linear`` (the plugin registered, so
+    its ``KimiMoE`` is the plugin's)."""
+    import importlib
+
+    import vllm_kimi_k3_moe
+
+    vllm_kimi_k3_moe.register()
+    return importlib.import_module("vllm.models.kimi_k3.amd.linear")
+
+
+def with_the_nvidia_signature(amd_kimi_moe_cls: type) -> Any:
+    """A callable ``KimiDecoderLayer`` of vLLM's NVIDIA model builds as its
+    ``KimiMoE`` (keywords ``vllm_config``, ``use_sequence_parallel`` and
+    ``run_gemm_rs_ar`` besides), building ``amd_kimi_moe_cls`` as AMD's
+    decoder layer does (config, quant_config, prefix, layer_idx): the
+    hybrid build the module docstring describes."""
+
+    def build(
+        config: Any,
+        vllm_config: Any = None,
+        quant_config: Any = None,
+        prefix: str = "",
+        layer_idx: int = 0,
+        use_sequence_parallel: bool = False,
+        run_gemm_rs_ar: bool = False,
+    ) -> Any:
+        return amd_kimi_moe_cls(
+            config=config, quant_config=quant_config, prefix=prefix, layer_idx=layer_idx
+        )
+
+    return build
 
 
 @dataclass(frozen=True)
@@ -84,17 +135,23 @@ def build_rank(
     ``gpus_per_node`` GPUs) on the ``meta`` device, its MoE layers built
     from ``kimi_moe_cls``, sized; with ``--speculative-config speculative``
     (``draft.for_vllm``'s), its draft too (``draft.build_draft``), counted
-    on the last pipeline stage."""
+    on the last pipeline stage. With an AMD GPU named
+    (``gpus.an_amd_gpu_named``), ``kimi_moe_cls`` is vLLM's AMD ``KimiMoE``
+    (or upstream's of it), built under ROCm's platform (the module
+    docstring)."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.models.kimi_k3.nvidia import model as model_module
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
+    on_amd = named_amd_arch() is not None
+    built_as = with_the_nvidia_signature(kimi_moe_cls) if on_amd else kimi_moe_cls
     with (
         rank_zero_of(deployment, pp_rank),
         whole_model_on_cpu(),
         online_method_quantizers(),
-        kimi_moe_class(model_module, kimi_moe_cls),
+        kimi_moe_class(model_module, built_as),
+        as_on_the_named_amd_gpu(),
     ):
         vllm_config = rank_vllm_config(
             model_dir,

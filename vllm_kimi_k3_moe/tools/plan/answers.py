@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from vllm_kimi_k3_moe.tools.deployment.gpus import an_amd_gpu_named
 from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
     KernelOnGpu,
     refuse_a_kernel_the_gpu_cannot_run,
@@ -54,13 +55,14 @@ class Answers:
             asked.online,
             asked.online_config,
             asked.capability,
+            asked.amd_arch,
             *what,
         )
 
     def _worked_out(self, work: Callable[[Planner], T]) -> T:
         """``work`` on the planner, made on first use (vLLM's output kept
         off the terminal), vLLM building as on the ``--gpu`` named, if one
-        is (``a_gpu_of_capability``)."""
+        is (``a_gpu_of_capability``; an AMD GPU: ``an_amd_gpu_named``)."""
         if self._planner is None:
             print("importing vLLM and building its Kimi-K3 model ...", file=sys.stderr)
             asked = self._asked
@@ -74,7 +76,11 @@ class Answers:
                     self._gpus_per_node,
                     asked.speculation,
                 )
-        with quiet_vllm(), a_gpu_of_capability(self._asked.capability):
+        with (
+            quiet_vllm(),
+            a_gpu_of_capability(self._asked.capability),
+            an_amd_gpu_named(self._asked.amd_arch),
+        ):
             return work(self._planner)
 
     def advise(

@@ -24,7 +24,15 @@ from vllm_kimi_k3_moe.formats import (
 )
 from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import BudgetError, GpuBudget
-from vllm_kimi_k3_moe.tools.deployment.gpus import GpuError, gpu_preset
+from vllm_kimi_k3_moe.tools.deployment.gpus import (
+    AMD,
+    AMD_MOE_BACKENDS,
+    INTEL,
+    GpuError,
+    amd_moe_backends,
+    an_amd_gpu_named,
+    gpu_preset,
+)
 from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
     GPU_CAPABILITY,
     kernel_utilization,
@@ -82,6 +90,9 @@ class PlanInput:
     capability: tuple[int, int] | None = None
     # --quantization-config, as vLLM is given it (JSON); None: not given
     online_config: str | None = None
+    # --gpu NAME's architecture where it is an AMD GPU (gfx942, gfx950):
+    # vLLM builds its AMD model there (``gpus.an_amd_gpu_named``)
+    amd_arch: str | None = None
 
 
 def _budget(
@@ -203,6 +214,8 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         quantization_title = f"BF16, --quantization {online}" + (
             "" if config is None else f" --quantization-config {config}"
         )
+    amd_arch = _amd_arch(args.gpu)
+    amd_asked = amd_arch and _amd_backend(args.moe_backend, fmt.name, args.gpu)
     budget, gpu_title = _budget(args, fmt.name, say)
     validate_prefill_context_parallel(args.pcp_size)
     speculation = (
@@ -211,6 +224,10 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         else read_speculative_config(args.speculative_config, text_config)
     )
     backend = args.moe_backend.lower()
+    if amd_arch is not None:  # ROCm's: asked, else vLLM's own choice there
+        backend = amd_asked or _amd_default(
+            text_config, fmt.name, quantization_config, args.gpu, amd_arch, say
+        )
     if args.gpus is not None:
         explicit = [
             option
@@ -231,7 +248,8 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
             raise DeploymentError(
                 "--gpus needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
             )
-        validate_backend(fmt.name, backend, online)
+        with an_amd_gpu_named(amd_arch):
+            validate_backend(fmt.name, backend, online)
         deployments, left_out = [], []
     else:
         deployments = [
@@ -248,9 +266,10 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
             )
             for tp in args.tp_sizes or DEFAULT_TP_SIZES
         ]
-        deployments, left_out = _buildable(
-            text_config, deployments, args.tp_sizes is None
-        )
+        with an_amd_gpu_named(amd_arch):
+            deployments, left_out = _buildable(
+                text_config, deployments, args.tp_sizes is None
+            )
     default = Serving()
     serving = Serving(  # --max-model-len last: vLLM's parser imports torch
         args.kv_cache_dtype or default.kv_cache_dtype,
@@ -283,9 +302,95 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         backend,
         speculation,
         online,
-        None if args.gpu is None else GPU_CAPABILITY[args.gpu.lower()],
+        None if args.gpu is None else GPU_CAPABILITY.get(args.gpu.lower()),
         config,
+        amd_arch,
     )
+
+
+def _amd_arch(gpu: str | None) -> str | None:
+    """``--gpu``'s architecture where it names an AMD GPU; a
+    ``DeploymentError`` for a GPU plan cannot build vLLM's model for yet
+    (Intel's: no XPU stand-in)."""
+    if gpu is None:
+        return None
+    preset = gpu_preset(gpu)
+    if preset.vendor == INTEL:
+        raise DeploymentError(
+            f"--gpu {gpu}: plan cannot build vLLM's Kimi-K3 as on an Intel XPU "
+            "yet; give its memory as --gpu-memory-gib "
+            f"{preset.memory_gib:g} to size the NVIDIA build's layouts"
+        )
+    return preset.arch if preset.vendor == AMD else None
+
+
+# --moe-backend's default (``cli.common``): NVIDIA's; on an AMD GPU it names
+# no ROCm kernel, and plan sizes what vLLM selects there instead
+_NVIDIA_DEFAULT_BACKEND = "marlin"
+
+
+def _amd_backend(asked: str, quantization: str, gpu: str) -> str | None:
+    """The ``--moe-backend`` asked for an AMD GPU where ROCm has it; None
+    for the NVIDIA default, which names no ROCm kernel (``amd_default``
+    then asks vLLM); a ``DeploymentError`` otherwise."""
+    backends = amd_moe_backends(quantization)
+    if not backends:
+        raise DeploymentError(
+            f"--gpu {gpu}: plan knows vLLM's AMD MoE backends for "
+            f"{', '.join(AMD_MOE_BACKENDS)} only, not {quantization}"
+        )
+    asked = asked.lower()
+    if asked in backends:
+        return asked
+    if asked == _NVIDIA_DEFAULT_BACKEND:
+        return None
+    raise DeploymentError(
+        f"unknown MoE backend {asked!r} for {quantization} on {gpu} (ROCm); "
+        f"choose one of {', '.join(backends)}"
+    )
+
+
+def _amd_default(
+    text_config: dict[str, Any],
+    quantization: str,
+    quantization_config: dict[str, Any] | None,
+    gpu: str,
+    arch: str,
+    say: Callable[[str], None],
+) -> str:
+    """What vLLM selects with ``--moe-backend auto`` on the AMD GPU ``gpu``
+    (``kernel_gpus.backend_vllm_selects_on_amd``; kept as plan's answers
+    are), said. Imports vLLM."""
+    from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
+        backend_vllm_selects_on_amd,
+    )
+    from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
+
+    def ask_vllm() -> str:
+        with quiet_vllm(), an_amd_gpu_named(arch):
+            return backend_vllm_selects_on_amd(
+                text_config, quantization, quantization_config
+            )
+
+    backend = remembered(
+        ("vLLM's --moe-backend auto", arch, text_config, quantization_config),
+        ask_vllm,
+    )
+    say(
+        f"plan: note: on {gpu} plan sizes --moe-backend {backend}: what vLLM "
+        "selects there with --moe-backend auto (AITER's MoE "
+        f"{'on' if _aiter_asked() else 'off, vLLM default'}); the serve lines "
+        "name it, as a vLLM recipes report (vllm-project/recipes#838) found "
+        "auto did not start Kimi-K3 on MI325X where emulation did"
+    )
+    return backend
+
+
+def _aiter_asked() -> bool:
+    """Whether ``VLLM_ROCM_USE_AITER`` asks for AITER, as vLLM reads it."""
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_enabled
+
+    return aiter_enabled()
 
 
 def _quantization(

@@ -29,6 +29,7 @@ from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import KimiK3Format
 from vllm_kimi_k3_moe.patching import upstream_class
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpus import named_amd_arch
 from vllm_kimi_k3_moe.tools.deployment.kv_budget import KvBudget, kv_budget
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE, node_split
 from vllm_kimi_k3_moe.tools.deployment.speculation import Speculation
@@ -51,7 +52,10 @@ from vllm_kimi_k3_moe.tools.meta_rank.allocation import (
 from vllm_kimi_k3_moe.tools.meta_rank.draft import for_vllm, write_draft_dir
 from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCachePlanner
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
-from vllm_kimi_k3_moe.tools.meta_rank.whole_model import build_rank
+from vllm_kimi_k3_moe.tools.meta_rank.whole_model import (
+    amd_kimi_moe_module,
+    build_rank,
+)
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL, serve_commands
 from vllm_kimi_k3_moe.tools.plan.values import (
     DeploymentPlan,
@@ -61,6 +65,18 @@ from vllm_kimi_k3_moe.tools.plan.values import (
 
 # What vLLM raises when it cannot build a layer for a deployment.
 BUILD_ERRORS = (AssertionError, TypeError, ValueError, RuntimeError)
+# ... and what vLLM alone's AMD KimiMoE raises at every tensor-parallel size
+# of 16 or more (it reads ``w13_weight_packed`` off its MoE runner, which has
+# none): vLLM alone's build only; the plugin's raising it is a bug, not a
+# refusal.
+UPSTREAM_BUILD_ERRORS = (*BUILD_ERRORS, AttributeError)
+# What that error is, said after it
+AMD_PADDING_RAISES = (
+    " (vLLM's AMD KimiMoE, vllm/models/kimi_k3/amd/linear.py, pads each GPU's "
+    "experts to 256 rows at model level where 3072 / TP < 256, TP16 and up, "
+    "with or without EP or DP, then reads w13_weight_packed off its MoE "
+    "runner, which has none)"
+)
 
 
 class PlanError(ValueError):
@@ -77,9 +93,14 @@ class BuildRefused(PlanError):
 
 
 def kimi_moe_classes() -> tuple[type, type]:
-    """(upstream ``KimiMoE``, patched ``KimiMoE``), importing vLLM's model."""
+    """(upstream ``KimiMoE``, patched ``KimiMoE``), importing vLLM's model:
+    the NVIDIA model's, or with an AMD GPU named (``gpus.an_amd_gpu_named``)
+    the AMD model's (``vllm/models/kimi_k3/amd/linear.py``)."""
     vllm_kimi_k3_moe.register()
-    model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+    if named_amd_arch() is not None:
+        model = amd_kimi_moe_module()
+    else:
+        model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
     upstream = upstream_class(model.KimiMoE)
     if model.KimiMoE is upstream:
         raise PlanError(
@@ -205,7 +226,14 @@ class Planner:
                 }
         model_dir = self._model_dir(deployment.format, text_config, serving)
         built: list[Any] = []
-        for cls in (self.upstream_cls, self.fixed_cls):
+        # on an AMD GPU named: vLLM's AMD KimiMoE, upstream's and the plugin's
+        classes = (
+            kimi_moe_classes()
+            if named_amd_arch() is not None
+            else (self.upstream_cls, self.fixed_cls)
+        )
+        for cls in classes:
+            errors = BUILD_ERRORS if cls is classes[1] else UPSTREAM_BUILD_ERRORS
             try:
                 built.append(
                     build_rank(
@@ -218,9 +246,11 @@ class Planner:
                         speculative=self._speculative,
                     )
                 )
-            except BUILD_ERRORS as error:
+            except errors as error:
                 why = f"{type(error).__name__}: {error}".replace("\n", " ")
-                if cls is self.fixed_cls:
+                if isinstance(error, AttributeError):  # vLLM alone's AMD KimiMoE
+                    why += AMD_PADDING_RAISES
+                if cls is classes[1]:
                     raise BuildRefused(
                         f"{VLLM} cannot build Kimi-K3 for {deployment.label()} in "
                         f"{deployment.online or deployment.quantization} on "

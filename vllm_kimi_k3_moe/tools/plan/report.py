@@ -221,6 +221,7 @@ def table(
             "one its kernel cannot run,"
         )
         lines.append("it does not fit (why: --json, upstream_refusal).")
+        lines += _refusals(plans)
     if budget is not None:
         kv = first.kv_cache
         lines += _fits_note(budget, serving, "sized by vLLM's own planner.")
@@ -231,6 +232,25 @@ def table(
         lines += _kv_columns_note(first)
         lines += _indexer_note(kv)
     return "\n".join(lines + _dcp_note(plans) + _draft_note(plans))
+
+
+def _refusals(plans: Sequence[DeploymentPlan]) -> list[str]:
+    """Why vLLM alone cannot build the layouts it cannot, each reason once
+    with the layouts it holds for (a build refused for one reason usually
+    refuses many layouts)."""
+    by_reason: dict[str, list[str]] = {}
+    for p in plans:
+        if p.moe.upstream is None and p.moe.upstream_refusal is not None:
+            layouts = by_reason.setdefault(p.moe.upstream_refusal, [])
+            layouts.append(p.deployment.label())
+    lines = []
+    for reason, layouts in by_reason.items():
+        lines += textwrap.wrap(
+            f"{VLLM} alone cannot build {', '.join(layouts)}: {reason}",
+            88,
+            subsequent_indent="  ",
+        )
+    return lines
 
 
 def _kv_columns_note(plan: DeploymentPlan) -> list[str]:
