@@ -11,6 +11,12 @@ GB200 10.0, B300 and GB300 10.3 (vLLM's ``flashinfer_moe_ep``
 ``_SUPPORTED_CAPABILITIES`` and its MXFP8 linear kernel, "sm_100/sm_103
 (Blackwell)", name the two Blackwell datacenter ones).
 
+On an AMD GPU (``gpus.an_amd_gpu_named``) the layer is vLLM's AMD
+``KimiMoE``, built under ROCm's platform stand-in, whose kernels answer
+their own device checks; the ``--moe-backend`` names are ROCm's
+(``gpus.AMD_MOE_BACKENDS``), and plan's default there is what vLLM selects
+with ``--moe-backend auto`` (``backend_vllm_selects_on_amd``).
+
 What a kernel needs of the serve line beyond its name: FlashInfer's TRT-LLM
 MXFP4 MoE kernel allocates about 1.6 GiB outside vLLM's memory pool on its
 first forward, which vLLM's Kimi-K3 recipe leaves free by running it at

@@ -132,6 +132,29 @@ suite's build tests fail when a name moves.
     Every Kimi-K3 format's minimum is at most 8.0. Re-check:
     ``VllmConfig._get_quantization_config``, ``CudaPlatform.supported_dtypes``
     and any new capability check in config construction.
+``stand_ins.amd_gpu.as_on_the_named_amd_gpu``
+    Enters ``stand_ins.rocm_platform.an_amd_gpu`` (the current platform
+    class's ``_enum`` as ROCm, ``vllm.platforms.rocm``'s architecture flags
+    as its own code derives them for the GPU's ``gcnArchName``, AITER's
+    switches in ``vllm._aiter_ops`` as ``VLLM_ROCM_USE_AITER`` sets them,
+    emulation's ``has_quark``) and ``moe_forward.situ_and_mul_op_on_cpu``
+    while ``build_rank`` makes the config and builds the model for an AMD
+    GPU (``plan --gpu mi300x``, ``check --gpu``; ``gpus.an_amd_gpu_named``),
+    in place of ``moe_kernel_of_the_gpu`` (ROCm's kernels answer their own
+    device checks). Why: vLLM selects the AMD MoE kernel from the platform,
+    the GPU architecture and AITER, none of which a CPU box has. Re-check:
+    ``rocm_platform``'s own list.
+``whole_model.with_the_nvidia_signature``
+    On an AMD GPU: the NVIDIA model's ``KimiDecoderLayer`` builds vLLM's
+    AMD ``KimiMoE`` (``amd/linear.py``, upstream's or the plugin's) for its
+    MoE layers; the rest of the model is the NVIDIA one (vLLM's AMD model
+    as a whole does not build on a CPU with these stand-ins: its wrapper
+    moves the vision tower to the current device, its MLA asks ROCm's
+    attention selector and needs a full attention implementation). Why:
+    the routed experts' partition, what differs by platform, is the AMD
+    layer's own; attention, embeddings and norms are sized as NVIDIA's
+    (and the KV cache by NVIDIA's MLA backend's block sizes). Re-check:
+    both decoder layers' ``KimiMoE`` signatures.
 ``whole_model.kimi_moe_class``
     Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
     ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's

@@ -24,6 +24,9 @@ The ledger of all of them, with what to re-check at a vLLM bump, is
 - ``triton_on_cpu``: what vLLM's Triton MoE path calls besides Triton.
 - ``data_parallel_group``: the DP group, for ``selftest`` on one GPU.
 - ``vllm_package``: vLLM's package initialiser, for ``doctor``.
+- ``rocm_platform``: an AMD GPU (ROCm, its architecture, AITER's switches).
+- ``amd_gpu``: the AMD GPU ``plan --gpu``/``check --gpu`` names, as
+  ``rocm_platform`` stands in for it.
 
 ``current_platform.num_compute_units()`` (which a CPU platform does not
 implement) needs no stand-in: only the MLA kernel objects ask for it, and
