@@ -362,8 +362,9 @@ def _next_step(
         asked.backend,
         answers.advise,
         answers.plan_one,
-        # another format's published config; not where --config declares one
-        other_formats=asked.quantization_config is None,
+        # another format's published config; not where --config declares one,
+        # nor on an AMD GPU, where plan knows vLLM's MXFP4 kernels only
+        other_formats=asked.quantization_config is None and asked.amd_arch is None,
     )
     return next_step_lines(
         step,
