@@ -34,13 +34,17 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_platform import (
     CDNA3,
     CDNA4,
     an_amd_gpu,
+    an_intel_gpu,
 )
 
 # (GPU architecture, AITER on): vLLM's default on CDNA3 (MI300X, MI325X),
 # where AITER's MXFP4 kernel does not run (gfx950 only) and vLLM selects
 # emulation; CDNA4 (MI355X) with AITER on (VLLM_ROCM_USE_AITER=1), where it
-# selects AITER's MXFP4 kernel.
+# selects AITER's MXFP4 kernel. "xpu": an Intel GPU, on emulation.
 AMD_GPUS = {"cdna3": (CDNA3, False), "cdna4-aiter": (CDNA4, True)}
+# --moe-backend on each: vLLM's default on ROCm; emulation on XPU, whose own
+# MXFP4 experts do not take SiTU
+MOE_BACKEND = {"cdna3": "auto", "cdna4-aiter": "auto", "xpu": "emulation"}
 
 
 @pytest.fixture(scope="session")
@@ -52,14 +56,14 @@ def amd_model() -> ModuleType:
 
 @contextmanager
 def on_an_amd_gpu(gpu: str) -> Iterator[None]:
-    """vLLM as on the AMD GPU ``gpu`` names (``AMD_GPUS``), with what its MoE
-    layer asks of a GPU while it is built stood in."""
-    arch, aiter = AMD_GPUS[gpu]
-    with (
-        an_amd_gpu(arch, aiter=aiter),
-        situ_and_mul_op_on_cpu(),
-        cuda_streams_and_events(),
-    ):
+    """vLLM as on the GPU ``gpu`` names (``AMD_GPUS``, or ``xpu``), with what
+    its MoE layer asks of a GPU while it is built stood in."""
+    if gpu == "xpu":
+        platform = an_intel_gpu()
+    else:
+        arch, aiter = AMD_GPUS[gpu]
+        platform = an_amd_gpu(arch, aiter=aiter)
+    with platform, situ_and_mul_op_on_cpu(), cuda_streams_and_events():
         yield
 
 
@@ -79,7 +83,7 @@ def build_amd_kimi_moe(
 
     cls = upstream_class(amd_model.KimiMoE) if upstream else amd_model.KimiMoE
     with on_an_amd_gpu(gpu), simulated_rank(topology):
-        vllm_config = format_vllm_config(topology, "mxfp4", "auto")
+        vllm_config = format_vllm_config(topology, "mxfp4", MOE_BACKEND[gpu])
         with set_current_vllm_config(vllm_config), torch.device(device):
             return cls(
                 config=kimi_k3_text_config(),

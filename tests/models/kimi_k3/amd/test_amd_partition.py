@@ -1,4 +1,4 @@
-"""On ROCm, vLLM's AMD Kimi-K3 MoE with the plugin builds at every layout, each
+"""On ROCm and XPU, vLLM's AMD Kimi-K3 MoE with the plugin builds at every layout, each
 GPU holding the rows its MXFP4 backend needs: where vLLM alone raises (every
 tensor-parallel size of 16 or more) and identically where it builds.
 
@@ -46,6 +46,9 @@ CASES = [
     (Topology(16, expert_parallel=True), "cdna4-aiter", AITER, 3072, 3072, 56),
     (Topology(32, expert_parallel=True), "cdna3", EMULATION, 3072, 3072, 28),
     (Topology(32, expert_parallel=True), "cdna4-aiter", AITER, 3072, 3072, 28),
+    # Intel's XPU builds the same AMD model (--moe-backend emulation)
+    (Topology(8), "xpu", EMULATION, 384, 384, EXPERTS),
+    (Topology(32), "xpu", EMULATION, 96, 96, EXPERTS),
 ]
 # vLLM alone pads (and raises) where 3072 // tp < 256 (its minimum): TP16 up
 MIN_ROWS_PER_TP_GPU = 256

@@ -1,6 +1,7 @@
 """Stands in for an AMD GPU while vLLM builds Kimi-K3's MoE on a CPU box: the
 ROCm platform, its GPU architecture (CDNA3: MI300X, MI325X; CDNA4: MI355X),
-and the AITER switches vLLM reads where the ``aiter`` package is absent.
+and the AITER switches vLLM reads where the ``aiter`` package is absent; and
+for an Intel GPU (XPU), which builds the same AMD model (``an_intel_gpu``).
 
 Why: on ROCm vLLM builds Kimi-K3 from ``vllm/models/kimi_k3/amd/linear.py``
 and selects the MoE backend by asking the platform (``is_rocm``), the GPU
@@ -84,7 +85,6 @@ def an_amd_gpu(arch: str = CDNA3, *, aiter: bool = False) -> Iterator[None]:
     ``VLLM_ROCM_USE_AITER=1`` on a GPU with the package), and emulation's
     ``amd-quark`` present. Holds no parameters."""
     from vllm import _aiter_ops
-    from vllm.model_executor.layers.fused_moe.experts import ocp_mx_emulation_moe
     from vllm.platforms import PlatformEnum, current_platform
 
     rocm = rocm_module()
@@ -98,7 +98,35 @@ def an_amd_gpu(arch: str = CDNA3, *, aiter: bool = False) -> Iterator[None]:
         stack.enter_context(
             replaced_attributes(ops, _AITER_ENABLED=aiter, _FMOE_ENABLED=aiter)
         )
-        stack.enter_context(replaced_attributes(ocp_mx_emulation_moe, has_quark=_yes))
+        stack.enter_context(emulation_available())
+        yield
+
+
+@contextmanager
+def emulation_available() -> Iterator[None]:
+    """vLLM's OCP MX emulation experts (``experts/ocp_mx_emulation_moe.py``)
+    answer as with ``amd-quark`` installed, which they ask for
+    (``has_quark``) and vLLM's ROCm images ship; their dequantization is
+    quark's, which runs on a GPU only. Holds no parameters."""
+    from vllm.model_executor.layers.fused_moe.experts import ocp_mx_emulation_moe
+
+    with replaced_attributes(ocp_mx_emulation_moe, has_quark=_yes):
+        yield
+
+
+@contextmanager
+def an_intel_gpu() -> Iterator[None]:
+    """While entered, vLLM's current platform is XPU (Intel Data Center GPU
+    Max), where it builds Kimi-K3's MoE from ``amd/linear.py`` as on ROCm,
+    and emulation's ``amd-quark`` is present (``--moe-backend emulation``:
+    vLLM's XPU experts do not list SiTU, and their kernels,
+    ``vllm_xpu_kernels``, are not on a CPU box). Holds no parameters."""
+    from vllm.platforms import PlatformEnum, current_platform
+
+    with (
+        replaced_attributes(type(current_platform), _enum=PlatformEnum.XPU),
+        emulation_available(),
+    ):
         yield
 
 
