@@ -38,7 +38,8 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     ALL_GPU_PRESETS,
     AMD_MOE_BACKENDS,
     AMD_PRESETS,
-    INTEL,
+    XPU_MOE_BACKENDS,
+    XPU_PRESETS,
     an_amd_gpu_named,
     gpu_preset,
 )
@@ -151,8 +152,10 @@ def add_command(commands: Subcommands) -> None:
         metavar="NAME",
         help="the GPU the layout is for (as plan --gpu): on an AMD GPU "
         f"({', '.join(AMD_PRESETS)}) --moe-backend takes ROCm's names "
-        f"({', '.join(dict.fromkeys(sum(AMD_MOE_BACKENDS.values(), ())))}, "
-        "as plan prints them there) and vLLM's AMD Kimi-K3 MoE is built "
+        f"({', '.join(dict.fromkeys(sum(AMD_MOE_BACKENDS.values(), ())))}), "
+        f"on an Intel one ({', '.join(XPU_PRESETS)}) XPU's "
+        f"({', '.join(dict.fromkeys(sum(XPU_MOE_BACKENDS.values(), ())))}), "
+        "as plan prints them there, and vLLM's AMD Kimi-K3 MoE is built "
         "as on that GPU; on an NVIDIA one vLLM builds as on its compute "
         "capability",
     )
@@ -241,8 +244,6 @@ def _asked(args: argparse.Namespace) -> CheckInput:
 def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # vLLM's parser and model on the meta device only
     preset = None if args.gpu is None else gpu_preset(args.gpu)
-    if preset is not None and preset.vendor == INTEL:
-        fail("check", f"--gpu {preset.name}: no Intel XPU build of vLLM's model yet")
     with an_amd_gpu_named(preset and preset.arch):
         return _checked(args, GPU_CAPABILITY.get(args.gpu or ""))
 

@@ -49,6 +49,8 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     ALL_GPU_PRESETS,
     AMD_MOE_BACKENDS,
     AMD_PRESETS,
+    XPU_MOE_BACKENDS,
+    XPU_PRESETS,
 )
 from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import KernelOnGpu
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
@@ -85,7 +87,11 @@ def _gpus() -> str:
 
 
 def _amd_backends() -> str:
-    return "; ".join(f"{q}: {', '.join(b)}" for q, b in AMD_MOE_BACKENDS.items())
+    return "; ".join(
+        f"{q}: {', '.join(b)} ({', '.join(XPU_MOE_BACKENDS[q])} on "
+        f"{', '.join(XPU_PRESETS)})"
+        for q, b in AMD_MOE_BACKENDS.items()
+    )
 
 
 def add_command(commands: Subcommands) -> None:
@@ -117,7 +123,8 @@ def add_command(commands: Subcommands) -> None:
             f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees (HIP's "
             "on AMD). "
             f"MoE backends per format (--moe-backend): {backends_by_format()}; "
-            f"on an AMD GPU ({', '.join(AMD_PRESETS)}), where plan builds "
+            f"on an AMD or Intel GPU ({', '.join(AMD_PRESETS + XPU_PRESETS)}), "
+            "where plan builds "
             "vLLM's AMD Kimi-K3 MoE: "
             f"{_amd_backends()} (default: what vLLM selects there with "
             "--moe-backend auto). "

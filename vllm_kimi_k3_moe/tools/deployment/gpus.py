@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 MIB_PER_GIB = 1024
 NVIDIA, AMD, INTEL = "nvidia", "amd", "intel"
+# An Intel GPU's ``GpuPreset.arch``: vLLM builds the same AMD model on XPU
+XPU = "xpu"
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class GpuPreset:
     title: str
     cuda_total_mib: int  # what a CUDA (HIP) process sees as the device's total
     vendor: str = NVIDIA
-    # the GPU architecture ROCm reports (gcnArchName's name), AMD GPUs only
+    # where vLLM builds its AMD Kimi-K3 model: the GPU architecture ROCm
+    # reports (gcnArchName's name) on AMD, ``XPU`` on Intel; None: NVIDIA
     arch: str | None = None
 
     @property
@@ -98,7 +101,7 @@ ROCM_AND_XPU_PRESETS: dict[str, GpuPreset] = {
         GpuPreset("mi355x", "MI355X 288GB", 294892, AMD, "gfx950"),
         # No measurement found of what vLLM's XPU build sees: the marketed
         # 128 GB of HBM2e (8 stacks of 16 GiB), taken as 128 GiB.
-        GpuPreset("max1550", "Intel Max 1550 128GB", 128 * MIB_PER_GIB, INTEL),
+        GpuPreset("max1550", "Intel Max 1550 128GB", 128 * MIB_PER_GIB, INTEL, XPU),
     )
 }
 
@@ -106,19 +109,24 @@ ROCM_AND_XPU_PRESETS: dict[str, GpuPreset] = {
 ALL_GPU_PRESETS: dict[str, GpuPreset] = {**GPU_PRESETS, **ROCM_AND_XPU_PRESETS}
 # The AMD presets' names, for messages
 AMD_PRESETS = tuple(n for n, p in ROCM_AND_XPU_PRESETS.items() if p.vendor == AMD)
+XPU_PRESETS = tuple(n for n, p in ROCM_AND_XPU_PRESETS.items() if p.vendor == INTEL)
 
 # The --moe-backend names vLLM's MXFP4 method takes on ROCm for Kimi-K3
 # (``map_mxfp4_backend``: "emulation" is its OCP MX emulation experts,
 # "aiter" every AITER MXFP4 variant), by format; plan knows AMD's MXFP4 only.
 AMD_MOE_BACKENDS: dict[str, tuple[str, ...]] = {"mxfp4": ("emulation", "aiter")}
+# ... and on XPU ("xpu": its own experts, which do not list Kimi-K3's SiTU
+# activation, ``experts/xpu_moe.py``; emulation first for that reason)
+XPU_MOE_BACKENDS: dict[str, tuple[str, ...]] = {"mxfp4": ("emulation", "xpu")}
 
 
 class GpuError(ValueError):
     """An unknown GPU name; one line."""
 
 
-# The AMD GPU architecture (``GpuPreset.arch``) the tools build vLLM's model
-# for, while ``an_amd_gpu_named`` is entered; None: no AMD GPU named.
+# The GPU (``GpuPreset.arch``: an AMD architecture, or ``XPU``) the tools
+# build vLLM's AMD model for, while ``an_amd_gpu_named`` is entered; None:
+# no AMD or Intel GPU named.
 _NAMED_AMD_ARCH: ContextVar[str | None] = ContextVar("named_amd_arch", default=None)
 
 
@@ -130,8 +138,9 @@ def named_amd_arch() -> str | None:
 @contextmanager
 def an_amd_gpu_named(arch: str | None) -> Iterator[None]:
     """While entered, the tools build vLLM's model as on an AMD GPU of
-    ``arch`` (``gfx942``, ``gfx950``; None: nothing changes): vLLM's AMD
-    Kimi-K3 MoE, ROCm's kernels (``meta_rank.stand_ins.amd_gpu``). Holds
+    ``arch`` (``gfx942``, ``gfx950``), or an Intel one (``XPU``), where vLLM
+    builds the same AMD model (None: nothing changes): vLLM's AMD Kimi-K3
+    MoE, that platform's kernels (``meta_rank.stand_ins.amd_gpu``). Holds
     no vLLM state: plain Python."""
     if arch is None:
         yield
@@ -143,10 +152,13 @@ def an_amd_gpu_named(arch: str | None) -> Iterator[None]:
         _NAMED_AMD_ARCH.reset(token)
 
 
-def amd_moe_backends(quantization: str) -> tuple[str, ...]:
-    """The ``--moe-backend`` names ``quantization`` takes on ROCm (empty:
-    none plan knows)."""
-    return AMD_MOE_BACKENDS.get(quantization, ())
+def amd_moe_backends(quantization: str, arch: str | None = None) -> tuple[str, ...]:
+    """The ``--moe-backend`` names ``quantization`` takes where vLLM builds
+    its AMD model on ``arch`` (None: the one ``an_amd_gpu_named`` holds, else
+    ROCm's): ROCm's, or on XPU Intel's (empty: none plan knows)."""
+    arch = arch or named_amd_arch()
+    table = XPU_MOE_BACKENDS if arch == XPU else AMD_MOE_BACKENDS
+    return table.get(quantization, ())
 
 
 def gpu_preset(name: str) -> GpuPreset:

@@ -126,6 +126,11 @@ def _routed_method(
                 )
         except BUILD_ERRORS as error:
             return " ".join(f"{type(error).__name__}: {error}".split())
+        except ImportError as error:
+            if named_amd_arch() is None:
+                raise
+            # XPU's own experts import vllm_xpu_kernels, absent from a CPU box
+            return f"its kernel cannot be asked here ({type(error).__name__}: {error})"
     moe = built.model.language_model.model.layers[main_moe_layers(layers)[0]]
     return moe.block_sparse_moe.experts.routed_experts.quant_method
 
@@ -262,30 +267,37 @@ def backend_vllm_selects_on_amd(
     text_config: dict[str, Any],
     quantization: str,
     quantization_config: dict[str, Any] | None = None,
-) -> str:
-    """The ``--moe-backend`` name of the kernel vLLM selects with
-    ``--moe-backend auto`` for ``quantization`` on the AMD GPU named
-    (``gpus.an_amd_gpu_named``, entered by the caller; AITER as vLLM reads
-    ``VLLM_ROCM_USE_AITER``): vLLM's AMD ``KimiMoE`` built as plan builds it,
-    and the backend its MXFP4 method picked, named by the ROCm
-    ``--moe-backend`` whose candidates (vLLM's ``map_mxfp4_backend``) hold
-    it; a ``DeploymentError`` where vLLM selects none. Imports vLLM."""
+) -> tuple[str, str | None]:
+    """The ``--moe-backend`` to plan ``quantization`` on, on the AMD (or
+    Intel) GPU named (``gpus.an_amd_gpu_named``, entered by the caller; AITER
+    as vLLM reads ``VLLM_ROCM_USE_AITER``), and None; or, where vLLM's
+    ``--moe-backend auto`` selects no kernel there, the first of that
+    platform's names vLLM builds, and why auto did not (one line). vLLM's
+    AMD ``KimiMoE`` is built as plan builds it; the backend its MXFP4 method
+    picked under auto is named by the ``--moe-backend`` whose candidates
+    (vLLM's ``map_mxfp4_backend``) hold it. A ``DeploymentError`` where
+    vLLM builds none. Imports vLLM."""
     deployment = Deployment(8, backend="auto", quantization=quantization)
     method = _routed_method(text_config, deployment, None, quantization_config)
-    if isinstance(method, str):
+    names = amd_moe_backends(quantization)
+    if isinstance(method, str):  # auto selects nothing: the first that builds
+        for name in names:
+            named = replace(deployment, backend=name)
+            if kernel_on_gpu(text_config, named, None, quantization_config).runs:
+                return name, method
         raise DeploymentError(
-            f"vLLM selects no MoE kernel for {quantization} on this AMD GPU ({method})"
+            f"vLLM selects no MoE kernel for {quantization} there ({method}), "
+            f"nor on --moe-backend {', '.join(names)}"
         )
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
         map_mxfp4_backend,
     )
 
     chosen = getattr(method, "mxfp4_backend", None)
-    names = amd_moe_backends(quantization)
     for name in names:
         if chosen in map_mxfp4_backend(name):
-            return name
+            return name, None
     raise DeploymentError(
-        f"vLLM selects {chosen} for {quantization} on this AMD GPU, which "
-        f"none of the --moe-backend names plan knows there picks ({', '.join(names)})"
+        f"vLLM selects {chosen} for {quantization} there, which none of the "
+        f"--moe-backend names plan knows there picks ({', '.join(names)})"
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_kimi_k3_moe.tools.deployment.gpus import XPU, named_amd_arch
 from vllm_kimi_k3_moe.tools.deployment.nodes import (
     DEFAULT_GPUS_PER_NODE,
     HEAD,
@@ -192,7 +193,9 @@ def rank_vllm_config(
     keeps the hybrid KV-cache manager on, as CUDA's does
     (``stand_ins.cuda_hybrid_kv_cache``), captures CUDA graphs, sized by
     vLLM's rules (``stand_ins.cuda_graph_capture_sizes``), and settles the
-    extensible KV cache as CUDA does (``stand_ins.cuda_extensible_kv_cache``)."""
+    extensible KV cache as CUDA does (``stand_ins.cuda_extensible_kv_cache``;
+    not for an Intel GPU named, ``gpus.an_amd_gpu_named``, where vLLM does
+    not support it)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -209,7 +212,8 @@ def rank_vllm_config(
         _capability_of_the_serving_gpus(on_this_gpu),
         cuda_hybrid_kv_cache(),
         cuda_graph_capture_sizes(),
-        cuda_extensible_kv_cache(),
+        # on an Intel GPU vLLM turns it off itself (CUDA and ROCm only)
+        nullcontext() if named_amd_arch() == XPU else cuda_extensible_kv_cache(),
     ):
         vllm_config = VllmConfig(
             model_config=model_config,

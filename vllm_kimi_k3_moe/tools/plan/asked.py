@@ -25,9 +25,8 @@ from vllm_kimi_k3_moe.formats import (
 from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import BudgetError, GpuBudget
 from vllm_kimi_k3_moe.tools.deployment.gpus import (
-    AMD,
     AMD_MOE_BACKENDS,
-    INTEL,
+    XPU,
     GpuError,
     amd_moe_backends,
     an_amd_gpu_named,
@@ -215,7 +214,9 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
             "" if config is None else f" --quantization-config {config}"
         )
     amd_arch = _amd_arch(args.gpu)
-    amd_asked = amd_arch and _amd_backend(args.moe_backend, fmt.name, args.gpu)
+    amd_asked = amd_arch and _amd_backend(
+        args.moe_backend, fmt.name, args.gpu, amd_arch
+    )
     budget, gpu_title = _budget(args, fmt.name, say)
     validate_prefill_context_parallel(args.pcp_size)
     speculation = (
@@ -309,19 +310,11 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
 
 
 def _amd_arch(gpu: str | None) -> str | None:
-    """``--gpu``'s architecture where it names an AMD GPU; a
-    ``DeploymentError`` for a GPU plan cannot build vLLM's model for yet
-    (Intel's: no XPU stand-in)."""
+    """Where ``--gpu`` names an AMD GPU, its architecture; an Intel one,
+    ``gpus.XPU``: where vLLM builds its AMD Kimi-K3 model. None otherwise."""
     if gpu is None:
         return None
-    preset = gpu_preset(gpu)
-    if preset.vendor == INTEL:
-        raise DeploymentError(
-            f"--gpu {gpu}: plan cannot build vLLM's Kimi-K3 as on an Intel XPU "
-            "yet; give its memory as --gpu-memory-gib "
-            f"{preset.memory_gib:g} to size the NVIDIA build's layouts"
-        )
-    return preset.arch if preset.vendor == AMD else None
+    return gpu_preset(gpu).arch
 
 
 # --moe-backend's default (``cli.common``): NVIDIA's; on an AMD GPU it names
@@ -329,14 +322,14 @@ def _amd_arch(gpu: str | None) -> str | None:
 _NVIDIA_DEFAULT_BACKEND = "marlin"
 
 
-def _amd_backend(asked: str, quantization: str, gpu: str) -> str | None:
+def _amd_backend(asked: str, quantization: str, gpu: str, arch: str) -> str | None:
     """The ``--moe-backend`` asked for an AMD GPU where ROCm has it; None
     for the NVIDIA default, which names no ROCm kernel (``amd_default``
     then asks vLLM); a ``DeploymentError`` otherwise."""
-    backends = amd_moe_backends(quantization)
+    backends = amd_moe_backends(quantization, arch)
     if not backends:
         raise DeploymentError(
-            f"--gpu {gpu}: plan knows vLLM's AMD MoE backends for "
+            f"--gpu {gpu}: plan knows vLLM's AMD and Intel MoE backends for "
             f"{', '.join(AMD_MOE_BACKENDS)} only, not {quantization}"
         )
     asked = asked.lower()
@@ -345,7 +338,7 @@ def _amd_backend(asked: str, quantization: str, gpu: str) -> str | None:
     if asked == _NVIDIA_DEFAULT_BACKEND:
         return None
     raise DeploymentError(
-        f"unknown MoE backend {asked!r} for {quantization} on {gpu} (ROCm); "
+        f"unknown MoE backend {asked!r} for {quantization} on {gpu}; "
         f"choose one of {', '.join(backends)}"
     )
 
@@ -358,7 +351,8 @@ def _amd_default(
     arch: str,
     say: Callable[[str], None],
 ) -> str:
-    """What vLLM selects with ``--moe-backend auto`` on the AMD GPU ``gpu``
+    """The backend to plan on the AMD or Intel GPU ``gpu``: what vLLM selects
+    there with ``--moe-backend auto``, else the first it builds
     (``kernel_gpus.backend_vllm_selects_on_amd``; kept as plan's answers
     are), said. Imports vLLM."""
     from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
@@ -366,20 +360,31 @@ def _amd_default(
     )
     from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
 
-    def ask_vllm() -> str:
+    def ask_vllm() -> tuple[str, str | None]:
         with quiet_vllm(), an_amd_gpu_named(arch):
             return backend_vllm_selects_on_amd(
                 text_config, quantization, quantization_config
             )
 
-    backend = remembered(
+    backend, auto_refused = remembered(
         ("vLLM's --moe-backend auto", arch, text_config, quantization_config),
         ask_vllm,
     )
+    if auto_refused is not None:
+        say(
+            f"plan: note: on {gpu} vLLM's --moe-backend auto gives no MoE "
+            f"kernel here ({auto_refused}); plan sizes --moe-backend {backend}, "
+            "the first vLLM builds there, which the serve lines name"
+        )
+        return backend
+    aiter = (
+        ""
+        if arch == XPU
+        else (f" (AITER's MoE {'on' if _aiter_asked() else 'off, vLLM default'})")
+    )
     say(
         f"plan: note: on {gpu} plan sizes --moe-backend {backend}: what vLLM "
-        "selects there with --moe-backend auto (AITER's MoE "
-        f"{'on' if _aiter_asked() else 'off, vLLM default'}); the serve lines "
+        f"selects there with --moe-backend auto{aiter}; the serve lines "
         "name it, as a vLLM recipes report (vllm-project/recipes#838) found "
         "auto did not start Kimi-K3 on MI325X where emulation did"
     )
