@@ -141,9 +141,12 @@ suite's build tests fail when a name moves.
     while ``build_rank`` makes the config and builds the model for an AMD
     GPU (``plan --gpu mi300x``, ``check --gpu``; ``gpus.an_amd_gpu_named``),
     in place of ``moe_kernel_of_the_gpu`` (ROCm's kernels answer their own
-    device checks). Why: vLLM selects the AMD MoE kernel from the platform,
-    the GPU architecture and AITER, none of which a CPU box has. Re-check:
-    ``rocm_platform``'s own list.
+    device checks); for an Intel GPU (``--gpu max1550``), where vLLM builds
+    the same AMD model, ``rocm_platform.an_intel_gpu`` instead (the platform
+    enum as XPU, emulation's ``has_quark``), and ``vllm_config`` leaves the
+    extensible KV cache to vLLM (off there). Why: vLLM selects the AMD MoE
+    kernel from the platform, the GPU architecture and AITER, none of which
+    a CPU box has. Re-check: ``rocm_platform``'s own list.
 ``whole_model.with_the_nvidia_signature``
     On an AMD GPU: the NVIDIA model's ``KimiDecoderLayer`` builds vLLM's
     AMD ``KimiMoE`` (``amd/linear.py``, upstream's or the plugin's) for its
