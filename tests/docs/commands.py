@@ -1,6 +1,6 @@
 """Running a command the docs show, in this process, as an operator's shell
 would: ``NAME=value`` settings before it, ``vllm-kimi-k3-moe ...`` (the
-command line's ``main``), ``python -m benchmarks.header_set DIR``, and a
+command line's ``main``), ``python -m benchmarks.NAME ...`` (its ``main``), and a
 ``| jq -r FILTER`` after it (the filters the docs use: ``.[N]``, ``.key``,
 ``[]``). ``/tmp/kimi-k3-headers``, the docs' header set, is a directory of
 the test's own; the output says the docs' path again."""
@@ -8,6 +8,7 @@ the test's own; the output says the docs' path again."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import re
 import shlex
@@ -45,14 +46,16 @@ class Workspace:
             write(self.headers, "mxfp4")
 
 
-def _header_set(workspace: Workspace, argv: list[str]) -> None:
-    from benchmarks import header_set
-
-    if workspace.headers.exists():  # the docs' command writes it afresh
-        shutil.rmtree(workspace.headers)
+def _benchmark(workspace: Workspace, argv: list[str]) -> None:
+    """``python -m benchmarks.NAME ARGS``: the module's ``main``."""
+    name, *args = argv
+    if not name.startswith("benchmarks."):
+        raise ValueError(f"a module the docs test does not run: {name}")
+    if name == "benchmarks.header_set" and workspace.headers.exists():
+        shutil.rmtree(workspace.headers)  # the docs' command writes it afresh
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "argv", ["header_set", *argv])
-        header_set.main()
+        patch.setattr(sys, "argv", [name, *args])
+        importlib.import_module(name).main()
 
 
 def _tool(argv: list[str]) -> None:
@@ -63,7 +66,7 @@ def _tool(argv: list[str]) -> None:
 
 RUNNERS: dict[tuple[str, ...], Callable[[Workspace, list[str]], None]] = {
     ("vllm-kimi-k3-moe",): lambda _, argv: _tool(argv),
-    ("python", "-m", "benchmarks.header_set"): _header_set,
+    ("python", "-m"): _benchmark,
 }
 
 
@@ -101,7 +104,7 @@ def run(command: str, workspace: Workspace, capsys: pytest.CaptureFixture) -> st
     prefix = next((p for p in RUNNERS if tuple(words[: len(p)]) == p), None)
     if prefix is None:
         raise ValueError(f"a command the docs test cannot run: {command}")
-    if HEADERS in command and prefix != ("python", "-m", "benchmarks.header_set"):
+    if HEADERS in command and "benchmarks.header_set" not in words:
         workspace.ensure_headers()
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as patch:
