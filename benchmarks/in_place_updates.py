@@ -78,12 +78,13 @@ def main() -> None:
     parser.add_argument("--format", action="append", help="only these configs")
     args = parser.parse_args()
 
-    from vllm.version import __version__
-
     import vllm_kimi_k3_moe
 
-    vllm_kimi_k3_moe.register()
-    kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+    with quiet_vllm():  # vLLM's logs to stderr, and kept off the table
+        from vllm.version import __version__
+
+        vllm_kimi_k3_moe.register()
+        kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
     print(f"vLLM {__version__}: vLLM alone / plugin, each update path twice")
     print("| path | format | layout | vLLM alone | plugin |")
     print("|---|---|---|---|---|")
