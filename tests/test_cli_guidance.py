@@ -98,3 +98,8 @@ def test_verbose_is_every_tools_option() -> None:
     for name in ("plan", "check", "selftest", "doctor"):
         args, _ = parser.parse_known_args([name, "--verbose"])
         assert args.verbose, name
+
+
+def test_plot_needs_a_gpu_size_and_says_so_before_building(capsys) -> None:
+    said = refusal(capsys, "plan", "--tp", "32", "--plot", "x.svg")
+    assert said.endswith("give its size, --gpu NAME or --gpu-memory-gib X")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.docs.commands import Workspace, run
-from tests.docs.markdown_blocks import Block, every_block
+from tests.docs.markdown_blocks import REPO, Block, every_block
 from tests.docs.matching import difference, matches
 from vllm_kimi_k3_moe.tools.deployment.remembered import CACHE_VARIABLE
 from vllm_kimi_k3_moe.tools.plan import answers
@@ -89,3 +89,25 @@ def test_serve_lines_are_shown_only_as_the_tools_print_them() -> None:
             assert not line.strip().removeprefix("$ ").startswith("vllm serve "), (
                 f"{block.name}: a vllm serve line no command prints: {line}"
             )
+
+
+FIGURE = REPO / "docs" / "plan-h20.svg"
+
+
+def test_the_figure_is_what_plan_draws(
+    workspace: Workspace,
+    shared_planners: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """The README's figure is ``plan --gpu h20 --plot`` on vLLM 0.34.0 (the
+    plans docs/plan.md shows: kept from its block where that ran first)."""
+    if INSTALLED_VLLM != "0.34.0":
+        pytest.skip(f"drawn on vLLM 0.34.0; {INSTALLED_VLLM} is installed")
+    monkeypatch.setenv(CACHE_VARIABLE, str(shared_planners))
+    drawn = workspace.headers.parent / "plan-h20.svg"
+    run(f"vllm-kimi-k3-moe plan --gpu h20 --plot {drawn}", workspace, capsys)
+    assert drawn.read_text() == FIGURE.read_text(), (
+        "docs/plan-h20.svg: draw it again with "
+        "vllm-kimi-k3-moe plan --gpu h20 --plot docs/plan-h20.svg"
+    )
