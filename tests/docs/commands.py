@@ -29,7 +29,7 @@ JQ_STEP = re.compile(r"\.\[(\d+)\]|\.(\w+)|\[\]")
 
 
 class Workspace:
-    """What the commands of one test module share: a directory for the
+    """What the commands of one test share: a directory for the
     docs' header set (written once, by the docs' own command or on first
     need)."""
 

@@ -2,16 +2,20 @@
 block: README.md and docs/*.md) is run on the installed vLLM and prints what
 the page shows, ``...`` standing for what varies by run or machine
 (``matching``). A block marked ``<!-- vLLM X.Y.Z -->`` is compared where
-that release is installed; CI runs both releases.
+that release is installed; CI runs both releases. The README's figure is
+what ``plan --plot`` draws on vLLM 0.34.0.
 
-The commands run in this process and share one answers cache and one
-planner per question asked of ``plan`` (as the suite's planner fixtures do),
-so the plans the docs show are built once."""
+One test runs them all, in this process (one pytest-xdist worker), sharing
+one answers cache and one planner per question asked of ``plan`` (as the
+suite's planner fixtures do), so the plans the docs show are built once; it
+names every block that differs."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,25 +28,20 @@ from vllm_kimi_k3_moe.tools.plan import answers
 
 INSTALLED_VLLM = importlib.metadata.version("vllm")
 CONSOLE = [block for block in every_block() if block.language == "console"]
+FIGURE = Path("docs/plan-h20.svg")
+FIGURE_RELEASE = "0.34.0"
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    return Workspace(tmp_path_factory.mktemp("docs"))
-
-
-@pytest.fixture(scope="module")
-def shared_planners(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """``answers.Planner`` made once per set of arguments for the module, and
-    an answers cache of the module's own."""
+@contextlib.contextmanager
+def shared_planners(patch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``answers.Planner`` made once per set of arguments for the block, and
+    closed at its end (a command closes the planner it made: kept open)."""
     made: dict[str, Any] = {}
     real = answers.Planner
-    cache = tmp_path_factory.mktemp("answers")
 
     class Kept(real):  # type: ignore[misc, valid-type]
         def close(self) -> None:
-            """Kept open for the module's next command (the command closes
-            the planner it made)."""
+            """Kept open for the next command."""
 
     def planner(*args: Any) -> Any:
         key = repr(args)
@@ -50,29 +49,47 @@ def shared_planners(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             made[key] = Kept(*args)
         return made[key]
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(answers, "Planner", planner)
-        yield cache
-    for made_planner in made.values():
-        real.close(made_planner)
+    patch.setattr(answers, "Planner", planner)
+    try:
+        yield
+    finally:
+        for kept in made.values():
+            real.close(kept)
 
 
-@pytest.mark.parametrize("block", CONSOLE, ids=lambda block: block.name)
-def test_each_command_prints_what_the_docs_show(
-    block: Block,
-    workspace: Workspace,
-    shared_planners: Any,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture,
-) -> None:
-    if block.release not in (None, INSTALLED_VLLM):
-        pytest.skip(f"shows vLLM {block.release}; {INSTALLED_VLLM} is installed")
-    monkeypatch.setenv(CACHE_VARIABLE, str(shared_planners))
+def differs(block: Block, workspace: Workspace, capsys: Any) -> list[str]:
+    """What of ``block`` the commands do not print as shown."""
+    found = []
     for shown in block.shown():
         printed = run(shown.command, workspace, capsys)
-        assert matches(shown.output, printed), (
-            f"{block.name}: $ {shown.command}\n{difference(shown.output, printed)}"
-        )
+        if not matches(shown.output, printed):
+            diff = difference(shown.output, printed)
+            found.append(f"{block.name}: $ {shown.command}\n{diff}")
+    return found
+
+
+def figure_differs(workspace: Workspace, capsys: Any) -> list[str]:
+    drawn = workspace.headers.parent / FIGURE.name
+    run(f"vllm-kimi-k3-moe plan --gpu h20 --plot {drawn}", workspace, capsys)
+    if drawn.read_text() == (REPO / FIGURE).read_text():
+        return []
+    return [f"{FIGURE}: draw it again: vllm-kimi-k3-moe plan --gpu h20 --plot {FIGURE}"]
+
+
+def test_every_command_prints_what_the_docs_show(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    workspace = Workspace(tmp_path)
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "answers"))
+    run_here = [b for b in CONSOLE if b.release in (None, INSTALLED_VLLM)]
+    assert run_here, "no block shows this release"
+    problems = []
+    with shared_planners(monkeypatch):
+        for block in run_here:
+            problems += differs(block, workspace, capsys)
+        if INSTALLED_VLLM == FIGURE_RELEASE:
+            problems += figure_differs(workspace, capsys)
+    assert not problems, "\n\n".join(problems)
 
 
 def test_every_release_marked_is_one_ci_runs() -> None:
@@ -89,25 +106,3 @@ def test_serve_lines_are_shown_only_as_the_tools_print_them() -> None:
             assert not line.strip().removeprefix("$ ").startswith("vllm serve "), (
                 f"{block.name}: a vllm serve line no command prints: {line}"
             )
-
-
-FIGURE = REPO / "docs" / "plan-h20.svg"
-
-
-def test_the_figure_is_what_plan_draws(
-    workspace: Workspace,
-    shared_planners: Any,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture,
-) -> None:
-    """The README's figure is ``plan --gpu h20 --plot`` on vLLM 0.34.0 (the
-    plans docs/plan.md shows: kept from its block where that ran first)."""
-    if INSTALLED_VLLM != "0.34.0":
-        pytest.skip(f"drawn on vLLM 0.34.0; {INSTALLED_VLLM} is installed")
-    monkeypatch.setenv(CACHE_VARIABLE, str(shared_planners))
-    drawn = workspace.headers.parent / "plan-h20.svg"
-    run(f"vllm-kimi-k3-moe plan --gpu h20 --plot {drawn}", workspace, capsys)
-    assert drawn.read_text() == FIGURE.read_text(), (
-        "docs/plan-h20.svg: draw it again with "
-        "vllm-kimi-k3-moe plan --gpu h20 --plot docs/plan-h20.svg"
-    )
