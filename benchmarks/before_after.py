@@ -5,7 +5,7 @@ and the ratio after / before; the exit status of the command does not
 matter (a refused argument is timed too).
 
     python -m benchmarks.before_after BEFORE AFTER RUNS ARGUMENTS ...
-    # e.g. /work/main . 5 plan --gpus 8 --gpu h200 --max-model-len 131072x
+    # e.g. OLD_CHECKOUT . 5 plan --gpus 8 --gpu h200 --max-model-len 131072x
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ the tests do it (kernels' preparation stood in, unwritten memory random),
 with vLLM alone and with the plugin. Per cell: ``finishes`` (no error),
 ``= fresh`` (byte for byte what a fresh load of the same weights holds
 after its kernel prepared it), ``memory-free`` (the same bytes whatever the
-unwritten memory held: no pad read from it). Prints a Markdown table.
+unwritten memory held: no pad read from it). Prints a Markdown table, and
+nothing of vLLM's logs (docs/rl-and-eplb.md explains the table).
 
     python -m benchmarks.in_place_updates               # GPUs 0, n/2-1, n/2, n-1
     python -m benchmarks.in_place_updates --every-gpu   # all of them (slow)
@@ -36,6 +37,7 @@ from tests.models.kimi_k3.preparation.updates import (
     snapshot,
     weights_of,
 )
+from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
 from vllm_kimi_k3_moe.tools.selftest.harness import vllm_alone
 
 
@@ -76,12 +78,13 @@ def main() -> None:
     parser.add_argument("--format", action="append", help="only these configs")
     args = parser.parse_args()
 
-    from vllm.version import __version__
-
     import vllm_kimi_k3_moe
 
-    vllm_kimi_k3_moe.register()
-    kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+    with quiet_vllm():  # vLLM's logs to stderr, and kept off the table
+        from vllm.version import __version__
+
+        vllm_kimi_k3_moe.register()
+        kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
     print(f"vLLM {__version__}: vLLM alone / plugin, each update path twice")
     print("| path | format | layout | vLLM alone | plugin |")
     print("|---|---|---|---|---|")
@@ -95,9 +98,12 @@ def main() -> None:
                 gpus = layout.tp_size * layout.dp_size
                 ranks = range(gpus) if args.every_gpu else ranks_to_update(layout)
                 cases = [PreparationCase(config, backend, layout, r) for r in ranks]
-                with vllm_alone(kimi_model):
+                # vLLM's warnings (a layer an update sends nothing for logs
+                # "Failed to load weights", hundreds per row) kept off the table
+                with quiet_vllm(), vllm_alone(kimi_model):
                     alone = cell(kimi_model, cases, path)
-                plugin = cell(kimi_model, cases, path)
+                with quiet_vllm():
+                    plugin = cell(kimi_model, cases, path)
                 print(
                     f"| {path} | {config} | {layout.label()} | {alone} | {plugin} |",
                     flush=True,

@@ -137,7 +137,6 @@ def test_main_runs_the_function_the_subcommand_names(
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        ([], "required: command"),
         (["serve"], "invalid choice: 'serve'"),
         (["check"], "give CHECKPOINT_DIR, or --serve-command"),
     ],

@@ -16,19 +16,26 @@ Each subcommand is one module (``plan``, ``check``, ``selftest``, ``doctor``)
 whose ``add_command``
 adds its parser and names its ``run`` function (``set_defaults(run=...)``);
 ``main`` parses and calls it. Input is validated before vLLM is imported,
-and bad input ends with one line on stderr and exit status 2.
+and bad input ends with one line on stderr and exit status 2 (a misspelt
+command, choice or option naming the closest right one: ``suggest``); no
+command at all prints the commands and how to get help (``overview``),
+exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.tools.cli import check, doctor, plan, selftest
-from vllm_kimi_k3_moe.tools.cli.common import PROG, OneLineErrorParser
+from vllm_kimi_k3_moe.tools.cli.common import PROG, USAGE_ERROR, OneLineErrorParser
+from vllm_kimi_k3_moe.tools.cli.overview import overview
 from vllm_kimi_k3_moe.tools.cli.version import version_report
+from vllm_kimi_k3_moe.tools.meta_rank.quiet import show_what_vllm_prints
+from vllm_kimi_k3_moe.tools.suggest import unrecognized
 
 SUBCOMMANDS = (plan, check, selftest, doctor)
 
@@ -58,9 +65,35 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for subcommand in SUBCOMMANDS:
         subcommand.add_command(commands)
+    for command in commands.choices.values():
+        command.add_argument(
+            "--verbose",
+            action="store_true",
+            help="show what vLLM, torch and their kernel libraries print while "
+            "the command imports and builds them (by default kept off the "
+            "screen, shown only when they fail)",
+        )
+    return parser
+
+
+def _subcommand_parser(
+    parser: argparse.ArgumentParser, name: str | None
+) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if not argv:
+        print(overview(parser), file=sys.stderr)
+        return USAGE_ERROR
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = _subcommand_parser(parser, getattr(args, "command", None))
+        command.error(unrecognized(extras, command))
+    show_what_vllm_prints(args.verbose)
     return args.run(args)

@@ -16,6 +16,7 @@ from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS
 
 # kept importable from here, where the commands find their shared helpers
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm  # noqa: F401
+from vllm_kimi_k3_moe.tools.suggest import with_choice_suggested
 
 PROG = "vllm-kimi-k3-moe"
 USAGE_ERROR = 2
@@ -39,9 +40,11 @@ def no_background_kernel_builds() -> None:
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """Bad input ends with one line on stderr and exit status 2."""
+    """Bad input ends with one line on stderr and exit status 2; a value
+    outside an argument's choices names the closest choice."""
 
     def error(self, message: str) -> NoReturn:
+        message = with_choice_suggested(message)
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
 
 

@@ -65,6 +65,7 @@ from vllm_kimi_k3_moe.tools.plan.asked import INPUT_ERRORS, PlanInput, plan_inpu
 from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
 from vllm_kimi_k3_moe.tools.plan.online_notes import note_online
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError
+from vllm_kimi_k3_moe.tools.plan.plot import memory_svg
 from vllm_kimi_k3_moe.tools.plan.public_layouts import public_layouts
 from vllm_kimi_k3_moe.tools.plan.report import (
     advice,
@@ -264,6 +265,14 @@ def add_command(commands: Subcommands) -> None:
     plan.add_argument(
         "--json", action="store_true", help="print JSON instead of the table"
     )
+    plan.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.svg",
+        help="also write one GPU's memory in each layout (weights, reserve, KV "
+        "cache), vLLM alone against the plugin, as an SVG figure (needs a GPU "
+        "size: --gpu NAME or --gpu-memory-gib)",
+    )
     plan.set_defaults(run=run)
 
 
@@ -282,6 +291,24 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def plot_title(asked: PlanInput) -> str:
+    """The figure's title: the table's heading, in its words."""
+    gpu = f"{asked.gpu_title} GPUs" if asked.gpu_title else "GPUs"
+    return (
+        f"Kimi-K3, one GPU's memory on {VLLM}: {asked.quantization_title} on "
+        f"{asked.backend}, {gpu}, GB = 10^9 bytes"
+    )
+
+
+def _plot(path: Path, plans: list[DeploymentPlan], asked: PlanInput) -> None:
+    try:
+        figure = memory_svg(plans, plot_title(asked))
+        path.write_text(figure)
+    except (ValueError, OSError) as error:
+        fail("plan", f"--plot {path}: {error}")
+    _say(f"plan: wrote {path} (one GPU's memory per layout, vLLM alone and plugin)")
+
+
 def _plan_input(args: argparse.Namespace) -> PlanInput:
     """Every input error ends the command here, in one line, before vLLM's
     model is imported."""
@@ -294,6 +321,12 @@ def _plan_input(args: argparse.Namespace) -> PlanInput:
 def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # plan runs vLLM on the meta device only
     asked = _plan_input(args)
+    if args.plot is not None and asked.budget is None:
+        fail(
+            "plan",
+            "--plot draws a GPU's memory: give its size, --gpu NAME or "
+            "--gpu-memory-gib X",
+        )
     answers = Answers(asked, served_model(args.model, args.config), args.gpus_per_node)
     step: list[str] = []
     try:
@@ -309,6 +342,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         answers.close()
     answers.note_if_kept()
+    if args.plot is not None:
+        _plot(args.plot, plans, asked)
     _note_dsa_config_unread(asked.text_config)
     _note_kernel_not_verified(kernel, args.gpu)
     note_online(asked.online, plans, _say)

@@ -36,8 +36,8 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     Deployment,
     DeploymentError,
     Topology,
-    validate,
 )
+from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_deployment
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import (
     CheckpointInputError,
     ExpertCheckpoint,
@@ -188,7 +188,7 @@ def _selftest_input(args: argparse.Namespace) -> SelftestInput:
             args.tp_size, dp_size=args.dp_size, expert_parallel=args.expert_parallel
         )
         backend = args.moe_backend.lower()
-        validate(text_config, Deployment.of(topology, backend, quantization))
+        validate_deployment(text_config, Deployment.of(topology, backend, quantization))
         case = SelftestCase(quantization, topology, backend, text_config)
         if checkpoint is not None:
             shape = moe_shape(text_config, topology, reduced_width=False)

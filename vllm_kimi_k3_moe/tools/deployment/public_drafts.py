@@ -16,7 +16,7 @@ the project's code search). They agree with every public fact about the
 draft: a ``K3DSparkModel`` (``k3_dspark``) of 5 dense MLA layers, hidden
 7168, BF16, target hidden states from layers 2, 23, 47, 71 and 89, a
 rank-256 Markov head, the target's 163840-token vocabulary
-(shared/reference/kimi-k3-deployments.md; riverclouds/Kimi-K3-DSpark-for-
+(its public descriptions; riverclouds/Kimi-K3-DSpark-for-
 8L-dummy, "the Inferact/Kimi-K3-DSpark draft config" retargeted, changes
 only those target layers); with 64 attention heads its parameters, with
 the embedding its checkpoint carries and vLLM shares with the target, are

@@ -4,6 +4,7 @@ A topology vLLM cannot build is refused in one line naming the rule
 (``topology.validate_topology``); where the tensor-parallel size is what
 breaks it, the line also lists the sizes that build with the rest of the
 layout kept, tried by the same rules, so the next command can be right.
+Every tool refuses a layout so (``validate_deployment``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_kimi_k3_moe.tools.deployment.topology import (
+    Deployment,
     DeploymentError,
     Topology,
+    validate,
     validate_topology,
 )
 
@@ -54,3 +57,14 @@ def validate_with_working_tp_sizes(
             f"{error}; TP sizes that work{f' with {kept}' if kept else ''}: "
             f"{', '.join(map(str, working))}"
         ) from None
+
+
+def validate_deployment(text_config: dict[str, Any], deployment: Deployment) -> None:
+    """``topology.validate``, as every tool refuses a layout: where the
+    tensor-parallel size is what breaks it, the refusal lists the sizes
+    that work (``validate_with_working_tp_sizes``)."""
+    try:
+        validate(text_config, deployment)
+    except DeploymentError:
+        validate_with_working_tp_sizes(text_config, deployment)
+        raise

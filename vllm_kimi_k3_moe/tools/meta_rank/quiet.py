@@ -10,6 +10,16 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+# --verbose: what vLLM, torch and their kernel libraries print is shown as
+# it is printed (``show_what_vllm_prints``), not kept off the terminal
+_shown = False
+
+
+def show_what_vllm_prints(shown: bool = True) -> None:
+    """``--verbose``: ``quiet_vllm`` lets vLLM's and torch's lines through."""
+    global _shown
+    _shown = shown
+
 
 @contextmanager
 def quiet_vllm() -> Iterator[None]:
@@ -17,11 +27,15 @@ def quiet_vllm() -> Iterator[None]:
     prints lines that are harmless here (``Failed to import from vllm._C``,
     ``No CUDA runtime is found``, deprecation warnings of torch and its
     kernel libraries): they go to a temporary file, shown only if the block
-    fails with an error the command does not explain itself. vLLM logs
+    fails with an error the command does not explain itself (``--verbose``:
+    shown as printed, ``show_what_vllm_prints``). vLLM logs
     warnings and errors (``VLLM_LOGGING_LEVEL``, unless set) to stderr,
     never to stdout, which is the command's output."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if _shown:  # --verbose: on stderr as printed
+        yield
+        return
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as captured:

@@ -58,7 +58,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     validate_prefill_context_parallel,
     validate_serving,
 )
-from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_with_working_tp_sizes
+from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_deployment
 from vllm_kimi_k3_moe.tools.plan.online_names import online_config, online_method
 
 DEFAULT_TP_SIZES = (8, 16, 32)
@@ -436,10 +436,9 @@ def _buildable(
     kept, left_out = [], []
     for deployment in deployments:
         try:
-            validate(text_config, deployment)
+            (validate if defaults else validate_deployment)(text_config, deployment)
         except DeploymentError as error:
             if not defaults:
-                validate_with_working_tp_sizes(text_config, deployment)
                 raise
             left_out.append((deployment, error))
             continue

@@ -27,21 +27,26 @@ from __future__ import annotations
 import json
 
 from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FormatError
+from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
+from vllm_kimi_k3_moe.tools.suggest import closest
 
 # the method ``online`` names: --quantization-config's
 ONLINE_CONFIG = "online"
 
 
 def vllm_quantization_names() -> list[str]:
-    """The ``--quantization`` names the installed vLLM accepts."""
-    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+    """The ``--quantization`` names the installed vLLM accepts (importing
+    vLLM: what torch prints then is kept off the answer's screen)."""
+    with quiet_vllm():
+        from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 
     return list(QUANTIZATION_METHODS)
 
 
 def _online_shorthands() -> tuple[str, ...]:
     """The ``--quantization`` names vLLM reads as online methods."""
-    from vllm.config.quantization import ONLINE_QUANT_SHORTHAND_NAMES
+    with quiet_vllm():
+        from vllm.config.quantization import ONLINE_QUANT_SHORTHAND_NAMES
 
     return ONLINE_QUANT_SHORTHAND_NAMES
 
@@ -65,10 +70,12 @@ def online_method(
             "(e.g. --quantization fp8_per_block)"
         )
     if name not in accepted:
+        suggestion = closest(name, [*FORMAT_NAMES, *accepted])
         raise FormatError(
             f"unknown --quantization {name!r}: neither a checkpoint format "
             f"({', '.join(FORMAT_NAMES)}) nor a method vLLM accepts "
             f"({', '.join(n for n in accepted if n != ONLINE_CONFIG)})"
+            + (f"; did you mean {suggestion!r}?" if suggestion else "")
         )
     return name
 
@@ -94,7 +101,8 @@ def online_config(name: str | None, text: str, declared: bool) -> str:
             "--quantization-config quantizes a BF16 checkpoint while loading "
             "it with --quantization online or a method's name; give one"
         )
-    from vllm.config.quantization import resolve_quantization_config
+    with quiet_vllm():
+        from vllm.config.quantization import resolve_quantization_config
 
     try:
         resolve_quantization_config(name, parsed)

@@ -3,9 +3,9 @@
 The advisor orders layouts by memory (the KV cache they leave), which puts
 deep pipelines first; these are what vLLM's recipe and other public
 deployments run, marked beside them so the beaten path is visible. What
-each entry says comes from the project's collected public facts
-(``shared/reference/kimi-k3-deployments.md``: vLLM's Kimi-K3 recipe, vLLM
-pull request #50484, NVIDIA Dynamo's recipes, public benchmark sweeps);
+each entry says comes from public sources, each entry naming its own
+(vLLM's Kimi-K3 recipe, vLLM pull request #50484, NVIDIA Dynamo's recipes,
+public benchmark sweeps);
 nothing here says a layout is faster, which ``plan`` does not measure.
 Plain Python: no vLLM.
 """

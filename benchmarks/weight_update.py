@@ -1,0 +1,106 @@
+"""What an RL framework's weight update does to one GPU of a Kimi-K3 server
+with the plugin, on the CPU: the MoE layer GPU 31 of TP32 holds (the MXFP4
+release on Marlin, 4 experts 256 wide), built and cold-loaded as vLLM's loader does
+it, then updated through ``reload.inplace.reload_weights``, the
+function ``LLM.collective_rpc("reload_weights", ...)`` runs in each worker,
+then sent an update with a short tensor, which the plugin refuses, and the
+same update again whole. After the first update every tensor the experts
+hold (after Marlin prepared them) is compared byte for byte with a fresh
+load of the same weights, whose pads the plugin zeroed. Kernels'
+compiled preparation is stood in, as the test suite does
+(``tests/models/kimi_k3/preparation``).
+
+    python -m benchmarks.weight_update        # from the checkout, about a minute
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from collections.abc import Callable
+
+from tests.models.kimi_k3.preparation.harness import PreparationCase
+from tests.models.kimi_k3.preparation.updates import (
+    PATHS,
+    Weights,
+    differences,
+    served_rank,
+    snapshot,
+    weights_of,
+)
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
+
+CASE = PreparationCase("mxfp4", "marlin", Topology(32), rank=31)
+
+
+def sent(weights: Weights) -> list[str]:
+    """What one update sends: the tensors' names, dtypes and shapes."""
+    parts = [name.rsplit(".", 3) for name in weights]
+    head = parts[0][0]
+    experts = len({expert for _, expert, _, _ in parts})
+    kinds = sorted({(projection, part) for _, _, projection, part in parts})
+    lines = [f"{len(parts)} tensors, {head}.E.* for each expert E of {experts}:"]
+    for projection, part in kinds:
+        tensor = weights[f"{head}.0.{projection}.{part}"]
+        name = f"{projection}.{part}"
+        lines.append(f"{'':13}{name:20} {tensor.dtype!s:13} {list(tensor.shape)}")
+    return lines
+
+
+def broken(weights: Weights) -> Weights:
+    """An update whose last tensor has half its rows: refused."""
+    name = sorted(weights)[-1]
+    return {**weights, name: weights[name][: weights[name].shape[0] // 2]}
+
+
+def refusal(update: Callable[[], None]) -> str:
+    try:
+        update()
+    except ValueError as error:
+        return f"refused: {error}"
+    return "not refused"
+
+
+def main() -> None:
+    import vllm_kimi_k3_moe
+
+    os.environ.setdefault("VLLM_RELOAD_MODE", "layerwise")  # vLLM 0.34's default
+    print(
+        "Kimi-K3 MoE layer as GPU 31 of TP32 holds it: MXFP4 (the release) on "
+        "marlin, 4 experts 256 wide, on the CPU, with the plugin"
+    )
+    reload_weights = PATHS["reload_weights"]
+    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-update-")}
+    with quiet_vllm():
+        vllm_kimi_k3_moe.register()
+        kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+        with served_rank(kimi_model, CASE, 1, seed=101) as fresh_load:
+            fresh = snapshot(fresh_load.experts)
+        with served_rank(kimi_model, CASE, 0, seed=1) as served:
+            update = weights_of(served.layer, 1)
+            lines = [f"update sends {sent(update)[0]}", *sent(update)[1:]]
+            reload_weights(served, update, state)
+            wrong = differences(snapshot(served.experts), fresh)
+            lines.append(
+                "update 1     every expert tensor as a fresh load of them holds it, "
+                "byte for byte (pads zero)"
+                if not wrong
+                else f"update 1     differs from a fresh load: {', '.join(wrong)}"
+            )
+            bad = broken(weights_of(served.layer, 2))
+            lines.append(
+                f"update 2     {refusal(lambda: reload_weights(served, bad, state))}"
+            )
+            good = weights_of(served.layer, 2)
+            lines.append(
+                "update 2 again, whole: "
+                + refusal(lambda: reload_weights(served, good, state)).split(":")[0]
+                + " (the failed update's loads are still pending: restart)"
+            )
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
