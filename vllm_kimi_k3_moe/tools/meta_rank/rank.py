@@ -11,7 +11,7 @@ on its GPU and bfloat16 as the default dtype.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from vllm_kimi_k3_moe.patching import replaced_attributes
@@ -83,8 +83,6 @@ def rank_zero_of(deployment: Deployment, pp_rank: int = 0) -> Iterator[None]:
     named, ``gpus.an_amd_gpu_named``, ROCm's kernels answer their own device
     checks under its platform stand-in, ``stand_ins.amd_gpu``), and
     bfloat16 (Kimi-K3's dtype) as the default for unquantized weights."""
-    from contextlib import nullcontext
-
     import torch
     from vllm.utils.torch_utils import set_default_torch_dtype
 

@@ -26,12 +26,14 @@ norms are sized as vLLM's NVIDIA model allocates them.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import dsa_topk_indices_buffer
 from vllm_kimi_k3_moe.patching import replaced_attributes
 from vllm_kimi_k3_moe.tools.deployment.gpus import named_amd_arch
@@ -71,10 +73,6 @@ def kimi_moe_class(model_module: Any, kimi_moe_cls: type) -> Iterator[None]:
 def amd_kimi_moe_module() -> Any:
     """vLLM's ``vllm.models.kimi_k3.amd.linear`` (the plugin registered, so
     its ``KimiMoE`` is the plugin's)."""
-    import importlib
-
-    import vllm_kimi_k3_moe
-
     vllm_kimi_k3_moe.register()
     return importlib.import_module("vllm.models.kimi_k3.amd.linear")
 

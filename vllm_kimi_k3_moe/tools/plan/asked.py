@@ -34,6 +34,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
 )
 from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
     GPU_CAPABILITY,
+    backend_vllm_selects_on_amd,
     kernel_utilization,
 )
 from vllm_kimi_k3_moe.tools.deployment.max_model_len import max_model_len
@@ -59,6 +60,8 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     validate_serving,
 )
 from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_deployment
+from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_enabled
 from vllm_kimi_k3_moe.tools.plan.online_names import online_config, online_method
 
 DEFAULT_TP_SIZES = (8, 16, 32)
@@ -355,10 +358,6 @@ def _amd_default(
     there with ``--moe-backend auto``, else the first it builds
     (``kernel_gpus.backend_vllm_selects_on_amd``; kept as plan's answers
     are), said. Imports vLLM."""
-    from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
-        backend_vllm_selects_on_amd,
-    )
-    from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
 
     def ask_vllm() -> tuple[str, str | None]:
         with quiet_vllm(), an_amd_gpu_named(arch):
@@ -393,8 +392,6 @@ def _amd_default(
 
 def _aiter_asked() -> bool:
     """Whether ``VLLM_ROCM_USE_AITER`` asks for AITER, as vLLM reads it."""
-    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_enabled
-
     return aiter_enabled()
 
 
