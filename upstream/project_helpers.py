@@ -9,7 +9,9 @@ published checkpoint formats: each format's vLLM quantization config and its
 routed-expert checkpoint tensors, with seeded non-zero data. The regression suite's
 tables of expected behaviour (partitions per format and topology, FP8 block
 and NVFP4 row placement) and its traced-checkpoint helpers come from here
-too, so the in-tree form is held to the same numbers as the plugin.
+too, so the in-tree form is held to the same numbers as the plugin. So is
+the plugin's own judgement of a vLLM (``judged_with``, ``verdict``): on the
+patched copy each fix the patch carries is "already in vLLM".
 """
 
 from __future__ import annotations
@@ -42,16 +44,22 @@ from tests.models.kimi_k3.traced_checkpoint import (
     digit_planes,
     load_and_decode,
 )
+from vllm_kimi_k3_moe import KIMI_K3_AMD_LINEAR, MODEL_PATCHES, PARTITION_PATCH
+from vllm_kimi_k3_moe import patches_judged_with as judged_with
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import backend_name
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import moe_kernels_on_their_gpu
+from vllm_kimi_k3_moe.verification import verdict
 
 __all__ = [
     "ALIGNED_TOPOLOGIES",
+    "KIMI_K3_AMD_LINEAR",
     "LEARNED_FORMAT",
     "MATRIX_FORMATS",
+    "MODEL_PATCHES",
     "PARTITIONS",
+    "PARTITION_PATCH",
     "PLACEMENTS",
     "PLACEMENT_IDS",
     "PUBLISHED_FORMATS",
@@ -65,12 +73,14 @@ __all__ = [
     "expected_placement",
     "expert_checkpoint",
     "format_vllm_config",
+    "judged_with",
     "kimi_k3_text_config",
     "load_and_decode",
     "moe_kernels_on_their_gpu",
     "plugin_package",
     "simulated_rank",
     "uninitialised_memory_reads",
+    "verdict",
 ]
 
 # The plugin's top-level package: a class from it in KimiMoE's MRO means the

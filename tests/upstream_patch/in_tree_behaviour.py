@@ -6,7 +6,8 @@ Held to the regression suite's own tables (``upstream.project_helpers``): the
 per-rank partition per format, backend and topology, every pad zero before
 loading, and FP8 block-aligned and NVFP4 placement rank by rank. The whole
 format x backend x topology matrix is dumped here too, for the command to
-compare with the plugin's.
+compare with the plugin's. Last, the plugin's own judgement of this vLLM
+where the AMD model is judged: its AMD fix is already in vLLM.
 """
 
 from __future__ import annotations
@@ -170,3 +171,27 @@ def test_ranks_sum_to_the_unsharded_experts(model, tmp_path, fmt):
         assert all(
             math.isfinite(e) and e < forward.TOLERANCE for e in errors.values()
         ), (fmt, tp_size, errors)
+
+
+def test_the_plugin_finds_the_amd_fix_in_this_vllm():
+    """Judged as a ROCm or XPU process judges it (with vLLM's AMD Kimi-K3
+    model, ``amd/linear.py``, whose ``KimiMoE`` the patch changes too): the
+    plugin's AMD model patch is already in this vLLM (the factory gets the
+    logical size) and stays off, as does the partition it would choose."""
+    from vllm.version import __version__
+
+    amd = helpers.MODEL_PATCHES[helpers.KIMI_K3_AMD_LINEAR]
+    judged_with = helpers.judged_with({helpers.KIMI_K3_AMD_LINEAR})
+    assert amd in judged_with
+    verdicts = helpers.verdict.judge_all(judged_with)
+    state = {v.patch: v for v in verdicts}
+    assert state[amd].state == helpers.verdict.IN_VLLM, state[amd]
+    assert state[amd].detail.endswith("intermediate_size=moe_intermediate_size")
+    assert state[helpers.PARTITION_PATCH].state == helpers.verdict.IN_VLLM
+    decision = helpers.verdict.decide(
+        verdicts, __version__, True, helpers.PARTITION_PATCH
+    )
+    assert not decision.warning, decision.line
+    assert amd not in decision.apply
+    assert helpers.PARTITION_PATCH not in decision.apply
+    assert "already in vLLM, not applied: linear (" in decision.line

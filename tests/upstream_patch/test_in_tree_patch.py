@@ -6,6 +6,7 @@ the file that differs, and on a release with no patch the command says so."""
 
 from __future__ import annotations
 
+import ast
 import base64
 import csv
 import hashlib
@@ -33,6 +34,8 @@ FORMATS = 10
 BACKENDS = 23  # every --moe-backend of vLLM 0.33.0 and of 0.34.0 but auto
 TOPOLOGIES = 10  # TP1, 4, 8, 12, 16, 24, 32, TP16 x DP2, TP32 EP, TP8 x DP4
 KIMI_K3_MODEL = "vllm/models/kimi_k3/nvidia/model.py"
+# Kimi-K3's MoE on ROCm and XPU: the patch changes its KimiMoE the same way
+KIMI_K3_AMD_MODEL = "vllm/models/kimi_k3/amd/linear.py"
 
 
 def installed_record() -> dict[str, str]:
@@ -61,6 +64,7 @@ def test_the_copy_links_the_installed_vllm_and_writes_only_its_own_files(tmp_pat
     record = installed_record()
     assert copy.version == RELEASE
     assert KIMI_K3_MODEL in copy.touched
+    assert KIMI_K3_AMD_MODEL in copy.touched
     for path in copy.touched:
         target = copy.root / path
         assert target.is_file()
@@ -73,6 +77,62 @@ def test_the_copy_links_the_installed_vllm_and_writes_only_its_own_files(tmp_pat
     linked = copy.root / "vllm" / "config"
     assert linked.is_symlink()
     assert linked.resolve() == (copy.source / "vllm" / "config").resolve()
+
+
+def kimi_moe_init(model: Path) -> ast.FunctionDef:
+    """``KimiMoE.__init__`` as ``model`` (a Kimi-K3 model file) defines it."""
+    tree = ast.parse(model.read_text())
+    (moe,) = [
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KimiMoE"
+    ]
+    (init,) = [n for n in moe.body if getattr(n, "name", None) == "__init__"]
+    return init
+
+
+def factory_sizes(init: ast.FunctionDef) -> list[str]:
+    """What ``init`` passes ``FusedMoEFactory`` as ``intermediate_size``."""
+    return [
+        ast.unparse(keyword.value)
+        for call in ast.walk(init)
+        if isinstance(call, ast.Call) and ast.unparse(call.func) == "FusedMoEFactory"
+        for keyword in call.keywords
+        if keyword.arg == "intermediate_size"
+    ]
+
+
+def test_the_amd_kimi_moe_hands_the_factory_the_logical_size(tmp_path):
+    """vLLM's AMD/XPU ``KimiMoE`` (``amd/linear.py``), patched: the factory
+    gets ``moe_intermediate_size`` (released: the model-level padded size), and
+    neither the padding to 256 rows per TP rank nor the block after the
+    factory (the ``w13_weight_packed`` lookup that raises at TP16 and more,
+    the zeroing, the ``unpadded`` record) is left. ``padded_moe_intermediate_size``
+    stays, as the logical size: the plugin relies on the name to judge this
+    code (``relied_on``; in tree its AMD fix is then "already in vLLM",
+    ``in_tree_behaviour``)."""
+    copy = patched_vllm.patched_copy(PATCH, tmp_path / "tree")
+    released = kimi_moe_init(copy.source / KIMI_K3_AMD_MODEL)
+    patched = kimi_moe_init(copy.root / KIMI_K3_AMD_MODEL)
+    assert factory_sizes(released) == ["self.padded_moe_intermediate_size"]
+    assert factory_sizes(patched) == ["moe_intermediate_size"]
+    names = {
+        node.attr if isinstance(node, ast.Attribute) else node.value
+        for node in ast.walk(patched)
+        if isinstance(node, (ast.Attribute, ast.Constant))
+    }
+    gone = {
+        "min_moe_intermediate_per_partition",
+        "w13_weight_packed",
+        "intermediate_size_per_partition_unpadded",
+    }
+    assert not names & gone
+    assert "padded_moe_intermediate_size" in names
+    (assigned,) = [
+        node.value
+        for node in ast.walk(patched)
+        if isinstance(node, ast.Assign)
+        and ast.unparse(node.targets[0]) == "self.padded_moe_intermediate_size"
+    ]
+    assert ast.unparse(assigned) == "moe_intermediate_size"
 
 
 def fake_vllm(tmp_path: Path, version: str, edit: str | None) -> Path:
