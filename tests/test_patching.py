@@ -3,12 +3,15 @@ class held them, subclass layers come off one by one."""
 
 from __future__ import annotations
 
+import functools
 import types
 
 import pytest
 
 from vllm_kimi_k3_moe.patching import (
     add_subclass_layer,
+    is_plugin_wrapper,
+    lost_wrappers,
     remove_subclass_layer,
     unwrap_method,
     upstream_class,
@@ -104,3 +107,44 @@ def test_layers_added_again_give_back_the_same_class() -> None:
     add_subclass_layer(module, "Model", PatchA)
     add_subclass_layer(module, "Model", PatchB)
     assert module.Model is imported
+
+
+def test_a_wrapper_over_the_plugin_s_stays_and_calls_through() -> None:
+    """Other code wrapping the method after the plugin did: the plugin's
+    wrapper runs inside it; reverting leaves that code's wrapper working
+    (the plugin's only hands on); applying again opens it again."""
+
+    class Owner:
+        def method(self) -> int:
+            return 1
+
+    wrap_method(Owner, "method", doubled)
+    ours = vars(Owner)["method"]
+    theirs = functools.wraps(ours)(lambda self: 10 * ours(self))
+    Owner.method = theirs
+    assert Owner().method() == 20
+    assert is_plugin_wrapper(ours) and not is_plugin_wrapper(theirs)
+    unwrap_method(Owner, "method")
+    assert vars(Owner)["method"] is theirs
+    assert Owner().method() == 10
+    wrap_method(Owner, "method", doubled)  # opened again, not wrapped twice
+    assert vars(Owner)["method"] is theirs
+    assert Owner().method() == 20
+    assert lost_wrappers() == []
+
+
+def test_a_wrapper_dropped_by_other_code_is_lost_and_made_anew() -> None:
+    class Owner:
+        def method(self) -> int:
+            return 1
+
+    own = Owner.method
+    wrap_method(Owner, "method", doubled)
+    Owner.method = own  # put back by code that saved it before
+    assert lost_wrappers() == [(Owner, "method", own)]
+    unwrap_method(Owner, "method")
+    assert lost_wrappers() == []
+    wrap_method(Owner, "method", doubled)
+    assert Owner().method() == 2
+    unwrap_method(Owner, "method")
+    assert vars(Owner)["method"] is own

@@ -94,9 +94,10 @@ import sys
 from collections.abc import Iterable
 from types import ModuleType
 
+from vllm_kimi_k3_moe import patching
 from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES, kimi_k3_platform_refusal
 from vllm_kimi_k3_moe.import_hooks import call_after_import, remove_after_import
-from vllm_kimi_k3_moe.verification import verdict
+from vllm_kimi_k3_moe.verification import targets, verdict
 
 __all__ = ["register", "unregister"]
 
@@ -208,12 +209,12 @@ def _verified_patches(model: str) -> tuple[str, ...]:
         elif _decided[0]:
             _decided[0] = apply
             if decision.prove and line is not None:
-                importlib.import_module(FIRST_LAYER).owe(line, _step_aside)
+                importlib.import_module(FIRST_LAYER).owe(decision, _step_aside)
         return _decided[0]
     if line is not None and warning:
         _warn_once(line)
     elif line is not None and decision.prove:  # said once proven
-        importlib.import_module(FIRST_LAYER).owe(line, _step_aside)
+        importlib.import_module(FIRST_LAYER).owe(decision, _step_aside)
     elif line is not None:
         logger.info(line)
     _decided.append(apply)
@@ -232,6 +233,27 @@ def _step_aside(line: str) -> None:
         module = sys.modules.get(module_name)
         if module is not None and patch in applied:
             sys.modules[patch].revert(module)
+
+
+def fixes_in_effect() -> bool:
+    """Whether every wrapper the plugin put on vLLM is still called (checked
+    by each Kimi-K3 ``KimiMoE`` before it is built): other code that
+    replaced one since, without calling on it, leaves half a fix, so the
+    plugin steps aside whole, naming that code."""
+    lost = patching.lost_wrappers()
+    if not lost or not _decided or not _decided[0]:
+        return not lost
+    from vllm.version import __version__
+
+    owner, name, holds = lost[0]
+    _step_aside(
+        f"vllm-kimi-k3-moe: nothing patched on vLLM {__version__} from now on: "
+        f"{getattr(owner, '__qualname__', owner.__name__)}.{name} was replaced "
+        f"after the plugin patched it, by {targets.name_of(holds)}, which does "
+        "not call on what it replaced; the layers built from now on are vLLM "
+        "alone's (README: Release policy)."
+    )
+    return False
 
 
 def _patch_when_imported(model: ModuleType) -> None:

@@ -1,5 +1,6 @@
 """The proof the first Kimi-K3 layer of a process owes, where some fix went
-on code it was not verified on (``verdict.Decision.prove``): the plugin's
+on code it was not verified on, or with a target other code replaced at
+run time (``verdict.Decision.prove``): the plugin's
 registration leaves it owed (``owe``), the partition patch settles it when
 vLLM builds that layer, before choosing its layout (``settle``:
 ``small_layer``). Proven: the decision's line is said, with what was proven.
@@ -14,15 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_kimi_k3_moe.verification import small_layer
+from vllm_kimi_k3_moe.verification.verdict import Decision
 
 logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
-# (the decision's line, what steps the plugin aside given its warning)
-_owed: list[tuple[str, Callable[[str], None]]] = []
+# (the decision, what steps the plugin aside given its warning)
+_owed: list[tuple[Decision, Callable[[str], None]]] = []
 
 
-def owe(line: str, step_aside: Callable[[str], None]) -> None:
+def owe(decision: Decision, step_aside: Callable[[str], None]) -> None:
     """The first layer built must prove the fixes (once per process)."""
-    _owed[:] = [(line, step_aside)]
+    _owed[:] = [(decision, step_aside)]
 
 
 def owed() -> bool:
@@ -40,7 +42,7 @@ def settle(experts: Any, moe_intermediate_size: int) -> bool:
     said), else False once the plugin stepped aside; never raises."""
     from vllm.version import __version__
 
-    line, step_aside = _owed.pop()
+    decision, step_aside = _owed.pop()
     try:
         with small_layer.quietly():
             proven = small_layer.prove(experts, moe_intermediate_size)
@@ -49,12 +51,11 @@ def settle(experts: Any, moe_intermediate_size: int) -> bool:
         if not isinstance(error, small_layer.NotProven):
             why = f"{type(error).__name__}: {why}"
         step_aside(
-            f"vllm-kimi-k3-moe: nothing patched on vLLM {__version__}, its code "
-            "differs from the code the plugin was verified on and a small layer "
-            "of this deployment built with the fixes did not hold "
-            f"({' '.join(why.split())}); vLLM runs as it would alone. Please "
-            "report it (README: Release policy)."
+            f"vllm-kimi-k3-moe: nothing patched on vLLM {__version__}, "
+            f"{decision.cause} and a small layer of this deployment built with "
+            f"the fixes did not hold ({' '.join(why.split())}); vLLM runs as it "
+            f"would alone. {decision.remedy}"
         )
         return False
-    logger.info(f"{line}; {proven}")
+    logger.info(f"{decision.line}; {proven}")
     return True

@@ -1,7 +1,9 @@
 """The verdict on every fix for the vLLM this Python imports, as JSON on
 stdout (what ``doctor`` prints fix by fix; no GPU needed), for the Kimi-K3
 model this platform builds (``compat.kimi_k3_model_module``: NVIDIA's, or
-the AMD one on ROCm and XPU), as a server judges them::
+the AMD one on ROCm and XPU), as a server judges them: after vLLM's general
+plugins are loaded, as every vLLM process loads them, so that a target
+another plugin replaces at run time is seen (and named) here too::
 
     python -m vllm_kimi_k3_moe.verification.report
 """
@@ -24,8 +26,10 @@ PROOF_PENDING = (
 
 def report() -> dict[str, Any]:
     """Each fix's line, and the one line the plugin logs (None: none)."""
+    from vllm.plugins import load_general_plugins
     from vllm.version import __version__
 
+    load_general_plugins()  # what other plugins replace, they replace now
     model = kimi_k3_model_module()
     verdicts = verdict.judge_all(patches_judged_with({model}))
     decision = verdict.decide(
@@ -38,6 +42,10 @@ def report() -> dict[str, Any]:
         "vllm": __version__,
         "model": model,
         "fixes": verdict.fix_lines(verdicts),
+        "replaced": [
+            f"{verdict.short_name(target)} by {by}"
+            for target, by in dict.fromkeys(r for v in verdicts for r in v.replaced)
+        ],
         "line": line,
         "nothing_patched": decision.warning,
     }

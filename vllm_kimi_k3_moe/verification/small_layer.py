@@ -24,6 +24,16 @@ every sharded checkpoint tensor of its experts in the method's format
   for INT): never the memory it was;
 - over the GPUs, those runs cover every row of the checkpoint once.
 
+Then each copy is updated in place as vLLM's layerwise reload updates a
+layer (RL weight sync, EPLB): every expert parameter put on ``meta`` and
+materialised anew by ``reload.meta``'s own functions (the objects that
+module holds, so a replacement other code installed is what runs), on
+unwritten memory, handed the same tensors through the loader it carries,
+and checked the same way. This is also the proof where the code is
+verified but other code replaced a target at run time (``verdict``:
+``replaced at run time``): the small layers are built, loaded and updated
+through whatever vLLM calls now.
+
 What it does not prove: the kernels' own preparation and forward (the GPU's;
 CI proves them on the verified releases), and methods quantizing while
 loading (their weights are on ``meta`` until vLLM's layerwise loader runs;
@@ -55,6 +65,7 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
     expert_layouts,
+    expert_loading,
 )
 from vllm_kimi_k3_moe.verification.unwritten_memory import RandomUnwrittenMemory
 
@@ -297,6 +308,7 @@ class SmallLayerProof:
         self.memory = RandomUnwrittenMemory(SEED)
         self.checkpoint: dict[tuple[int, str, str], torch.Tensor] = {}
         self.runs: dict[tuple[int, str], list[Placed]] = {}
+        self.reload_runs: dict[tuple[int, str], list[Placed]] = {}
         self.extents: dict[str, int] = {}
         self.generator: torch.Generator | None = None
 
@@ -316,8 +328,8 @@ class SmallLayerProof:
         return self.checkpoint[key]
 
     def one_gpu(self, rank: int) -> str:
-        """Build, load and check the small layer of GPU ``rank``; its
-        method and kernel."""
+        """Build, load and check the small layer of GPU ``rank``, then update
+        it in place as vLLM reloads weights; its method and kernel."""
         with self.memory:
             small = rebuilt(self.layer, small_config(self.layer.moe_config, rank))
         method = small.quant_method
@@ -327,12 +339,62 @@ class SmallLayerProof:
                 "is not proven on a small layer"
             )
         tensors = expert_tensors(small, self.hidden, self.intermediate)
+        params = {tensor.name: tensor.param for tensor in tensors}
+        self.load(small, tensors, params, rank, self.runs)
+        loading = expert_loading(small)
+        if loading is not None:  # as before the kernel's preparation
+            loading.end_cold_start()
+        self.load(small, tensors, self.reloaded(params), rank, self.reload_runs)
+        return f"{type(method).__name__}, {backend_name(method)}"
+
+    def reloaded(
+        self, params: dict[str, torch.nn.Parameter]
+    ) -> dict[str, torch.Tensor]:
+        """Each parameter as vLLM's layerwise reload gives it back to its
+        loaders for an in-place update: put on ``meta`` and materialised anew
+        by ``reload.meta``'s own functions (whatever that module holds now:
+        another's replacement too), on unwritten memory."""
+        from vllm.model_executor.model_loader.reload import meta as reload_meta
+
+        fresh = {}
+        with self.memory:
+            for name, param in params.items():
+                on_meta = reload_meta.to_meta_tensor(param)
+                tensor = reload_meta.materialize_meta_tensor(on_meta)
+                carried = vars(tensor).get("weight_loader")
+                if (
+                    tensor.is_meta
+                    or tensor.shape != param.shape
+                    or tensor.dtype != param.dtype
+                    or carried is not vars(param).get("weight_loader")
+                ):
+                    raise NotProven(
+                        f"{name} as vLLM's reload materialises it "
+                        f"({tuple(tensor.shape)} {tensor.dtype} on "
+                        f"{tensor.device}) is not the parameter on memory with "
+                        "its weight_loader"
+                    )
+                fresh[name] = tensor
+        return fresh
+
+    def load(
+        self,
+        small: Any,
+        tensors: list[ExpertTensor],
+        into: dict[str, torch.Tensor],
+        rank: int,
+        runs: dict[tuple[int, str], list[Placed]],
+    ) -> None:
+        """Hand ``small``'s GPU every checkpoint tensor of its experts through
+        the loader each tensor of ``into`` carries, then find where the rows
+        landed (``placed``), into ``runs``."""
         experts = local_experts(small)
         with torch.no_grad():
             for tensor in tensors:
+                param = into[tensor.name]
                 for expert in experts:
-                    tensor.param.weight_loader(
-                        tensor.param,
+                    param.weight_loader(
+                        param,
                         self.tensor(expert, tensor),
                         f"{small.layer_name}.{tensor.name}",
                         shard_id=tensor.projection,
@@ -343,27 +405,28 @@ class SmallLayerProof:
                     checkpoint = self.tensor(expert, tensor)
                     what = f"GPU {rank}, expert {expert}, {tensor}"
                     run = placed(
-                        tensor.place(tensor.param.data[local]),
+                        tensor.place(into[tensor.name].data[local]),
                         checkpoint.movedim(tensor.rows_dim, 0),
                         tensor.is_scale,
                         what,
                     )
-                    self.runs.setdefault((local, str(tensor)), []).append(run)
+                    runs.setdefault((local, str(tensor)), []).append(run)
                     self.extents[str(tensor)] = checkpoint.shape[tensor.rows_dim]
-        return f"{type(method).__name__}, {backend_name(method)}"
 
     def prove(self) -> str:
         gpus = self.layer.moe_config.moe_parallel_config.tp_size
         kernel = ""
         for rank in range(gpus):
             kernel = self.one_gpu(rank)
-        for (local, tensor), runs in self.runs.items():
-            covered_once(runs, self.extents[tensor], f"expert {local}, {tensor}")
+        for when, loads in (("", self.runs), (" updated", self.reload_runs)):
+            for (local, tensor), runs in loads.items():
+                what = f"expert {local}{when}, {tensor}"
+                covered_once(runs, self.extents[tensor], what)
         return (
             f"proven on a small layer of this deployment ({kernel}, {gpus} "
             f"GPU{'s' * (gpus > 1)} x {EXPERTS} experts: every checkpoint row "
-            "loaded once, pads "
-            "zero over unwritten memory)"
+            "loaded once, at the cold start and updated in place, pads zero "
+            "over unwritten memory)"
         )
 
 

@@ -21,6 +21,10 @@ from vllm_kimi_k3_moe.verification.verified_code import VERIFIED_CODE
 VERIFIED = "verified"  # the code of a verified release
 CHECKED = "checked"  # other code, every target and what the patch relies on there
 IN_VLLM = "in vLLM"  # vLLM's own code does it: not applied
+# verified code, but other code (an RL framework, another plugin) replaced a
+# target at run time: applied once a small layer proves the fixes with the
+# replacement in place (``small_layer``)
+REPLACED = "replaced at run time"
 DIFFERS = "differs"  # not applied, and nothing else is
 
 
@@ -29,6 +33,8 @@ class FixVerdict:
     patch: str  # the plugin's patch module
     state: str  # VERIFIED, CHECKED, IN_VLLM or DIFFERS
     detail: str  # the release whose code it is, or what differed / is in vLLM
+    # each target other code replaced at run time, and by what (module.function)
+    replaced: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -37,7 +43,7 @@ class FixVerdict:
 
     @property
     def applies(self) -> bool:
-        return self.state in (VERIFIED, CHECKED)
+        return self.state in (VERIFIED, CHECKED, REPLACED)
 
 
 def _recorded(patch: str) -> dict[str, dict[str, Any]]:
@@ -57,16 +63,19 @@ def _at(recorded: Sequence[str], index: int) -> str | None:
 
 
 def judge(patch: str) -> FixVerdict:
-    """The verdict on one patch module, on the vLLM this process imports."""
+    """The verdict on one patch module, on the vLLM this process imports:
+    its installed code (``targets.source``), and any target other code
+    replaced at run time (``targets.replacement``)."""
     module = importlib.import_module(patch)
     declared: Sequence[str] = module.TARGETS
     recorded = _recorded(patch)
 
-    def verdict(state: str, detail: str) -> FixVerdict:
-        return FixVerdict(patch, state, detail)
+    def verdict(state: str, detail: str, replaced: Any = ()) -> FixVerdict:
+        return FixVerdict(patch, state, detail, tuple(replaced))
 
     try:
         digest = upstream.digest(declared)
+        replaced = [(t, r) for t in declared if (r := upstream.replacement(t))]
     except upstream.TargetMissing as missing:
         return verdict(DIFFERS, str(missing))
     except (OSError, TypeError) as unreadable:  # no source shipped
@@ -77,12 +86,17 @@ def judge(patch: str) -> FixVerdict:
         from vllm.version import __version__
 
         named = __version__ if __version__ in same else same[-1]
+        if replaced:
+            return verdict(REPLACED, f"the code of vLLM {named}", replaced)
         return verdict(VERIFIED, f"the code of vLLM {named}")
-    for index, target in enumerate(declared):
-        found = upstream.signature(target)
-        known = {_at(code["signatures"], index) for code in recorded.values()}
-        if signature_digest(found) not in known:
-            return verdict(DIFFERS, f"{target} has another signature: {found}")
+    try:
+        for index, target in enumerate(declared):
+            found = upstream.signature(target)
+            known = {_at(code["signatures"], index) for code in recorded.values()}
+            if signature_digest(found) not in known:
+                return verdict(DIFFERS, f"{target} has another signature: {found}")
+    except upstream.ReplacedOutOfReach as out_of_reach:
+        return verdict(DIFFERS, str(out_of_reach))
     find: Callable[[str], Any] = upstream.find
     relied_on = getattr(module, "relied_on", None)
     missing = relied_on(find) if relied_on is not None else None
@@ -92,7 +106,7 @@ def judge(patch: str) -> FixVerdict:
     done = in_vllm(find) if in_vllm is not None else None
     if done is not None:
         return verdict(IN_VLLM, done)
-    return verdict(CHECKED, "other code, checked")
+    return verdict(CHECKED, "other code, checked", replaced)
 
 
 def judge_all(patches: Sequence[str]) -> list[FixVerdict]:
@@ -118,6 +132,26 @@ class Decision:
     # proves the fixes on a small layer first (``small_layer``), and the line
     # is logged then, with what was proven (or the plugin steps aside)
     prove: bool = False
+    # why the fixes need that proof, as the warning says it if it fails
+    cause: str = ""
+    # where the proof fails: what the warning asks of the operator
+    remedy: str = ""
+
+
+REPORT = "Please report it (README: Release policy)."
+
+
+def short_name(target: str) -> str:
+    """A target as the lines name it: its module's last part and its name
+    (``meta.materialize_meta_tensor``)."""
+    module, _, qualname = target.partition(":")
+    return f"{module.rsplit('.', 1)[-1]}.{qualname}"
+
+
+def replacements(verdicts: Sequence[FixVerdict]) -> str:
+    """Each target other code replaced at run time, and by what, once."""
+    named = {(t, by): None for v in verdicts for t, by in v.replaced}
+    return "; ".join(f"{short_name(t)} by {by}" for t, by in named)
 
 
 def decide(
@@ -138,7 +172,7 @@ def decide(
             True,
             f"vllm-kimi-k3-moe: nothing patched on vLLM {vllm_version}, its code "
             f"differs from the code the plugin was verified on ({what}); vLLM runs "
-            "as it would alone. Please report it (README: Release policy).",
+            f"as it would alone. {REPORT}",
         )
     apply = tuple(v.patch for v in verdicts if v.applies)
     in_vllm = [v for v in verdicts if v.state == IN_VLLM]
@@ -151,7 +185,20 @@ def decide(
             f"{v.name} ({v.detail})" for v in in_vllm
         )
     checked = any(v.state == CHECKED for v in verdicts)
-    return Decision(apply, False, line, prove=checked and prover in apply)
+    replaced = replacements(verdicts)
+    if replaced:
+        line += f"; replaced at run time by other code: {replaced}"
+    if checked:
+        cause = "its code differs from the code the plugin was verified on"
+        remedy = REPORT
+    else:
+        cause = f"other code replaced what its fixes call ({replaced})"
+        remedy = (
+            "A replacement that calls vLLM's own function and returns what it "
+            "returns keeps the fixes (README: Release policy)."
+        )
+    prove = (checked or bool(replaced)) and prover in apply
+    return Decision(apply, False, line, prove, cause, remedy)
 
 
 def fix_lines(verdicts: Sequence[FixVerdict]) -> list[str]:
@@ -162,4 +209,6 @@ def fix_lines(verdicts: Sequence[FixVerdict]) -> list[str]:
         on = v.patch in decision.apply
         what = "on " if on else "off"
         lines.append(f"{what} {v.name}: {v.state}, {v.detail}")
+        if v.replaced:  # the line then says by what (``doctor``)
+            lines[-1] += " (" + "; ".join(short_name(t) for t, _ in v.replaced) + ")"
     return lines

@@ -19,7 +19,7 @@ import vllm_kimi_k3_moe
 from tests.models.kimi_k3.builders import kimi_k3_text_config
 from vllm_kimi_k3_moe import import_hooks
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia.model import BackendPaddedKimiMoE, apply
-from vllm_kimi_k3_moe.patching import upstream_class
+from vllm_kimi_k3_moe.patching import is_plugin_wrapper, upstream_class
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 ENTRY_POINT = "kimi_k3_moe"
@@ -153,7 +153,7 @@ def test_unregister_puts_upstream_back(kimi_model, fresh_registration):
     assert import_hooks.watched_modules() == frozenset()
     assert not [f for f in sys.meta_path if type(f).__module__ == import_hooks.__name__]
     get_quant_method = routed_experts.RoutedExperts._get_quant_method
-    assert not hasattr(get_quant_method, "kimi_k3_wraps")
+    assert not is_plugin_wrapper(get_quant_method)
 
 
 def test_another_version_with_verified_code_is_patched(

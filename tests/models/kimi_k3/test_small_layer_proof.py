@@ -25,7 +25,7 @@ from vllm_kimi_k3_moe import import_hooks
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
     expert_loading,
 )
-from vllm_kimi_k3_moe.patching import upstream_class
+from vllm_kimi_k3_moe.patching import is_plugin_wrapper, upstream_class
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.verification import first_layer
 from vllm_kimi_k3_moe.verification.small_layer import (
@@ -149,7 +149,7 @@ def test_where_the_proof_fails_the_plugin_steps_aside_whole(
     assert vllm_kimi_k3_moe._decided[0] == ()
     assert kimi_model.KimiMoE is upstream_class(kimi_model.KimiMoE)
     get_quant_method = routed_experts.RoutedExperts._get_quant_method
-    assert not hasattr(get_quant_method, "kimi_k3_wraps")
+    assert not is_plugin_wrapper(get_quant_method)
     patched = {module for module, _ in vllm_kimi_k3_moe.PATCHES}
     # only the registration's hooks on the model modules are left
     assert not (import_hooks.watched_modules() & patched) - set(

@@ -48,18 +48,24 @@ def test_every_fix_is_verified_and_lacking_in_this_vllm(kimi_model, patch):
 def test_targets_are_found_as_upstream_defined_them(kimi_model):
     """The plugin is on in this process: its layered class and wrapped
     methods are seen through, to upstream's own objects."""
-    from vllm_kimi_k3_moe.patching import upstream_class
+    from vllm_kimi_k3_moe.patching import is_plugin_wrapper, upstream_class
 
     init = targets.find("vllm.models.kimi_k3.nvidia.model:KimiMoE.__init__")
     assert init is upstream_class(kimi_model.KimiMoE).__init__
     name = "vllm.model_executor.layers.fused_moe.routed_experts"
     own = targets.find(f"{name}:RoutedExperts._get_quant_method")
-    assert not hasattr(own, "kimi_k3_wraps")
+    assert is_plugin_wrapper(routed_experts_module(name)._get_quant_method)
+    assert not is_plugin_wrapper(own)
     assert own.__module__ == name
+    assert targets.replacement(f"{name}:RoutedExperts._get_quant_method") is None
     with pytest.raises(targets.TargetMissing):
         targets.find(f"{name}:RoutedExperts._build_quant_method")
     with pytest.raises(targets.TargetMissing):
         targets.find("vllm.model_executor.layers.fused_moe.oracle.wna16:anything")
+
+
+def routed_experts_module(name: str) -> type:
+    return importlib.import_module(name).RoutedExperts
 
 
 def _verdict(name: str, state: str, detail: str = "x") -> verdict.FixVerdict:

@@ -5,7 +5,8 @@ Patch ledger entry
 Replaces
     ``vllm.model_executor.model_loader.default_loader.DefaultModelLoader.
     get_all_weights`` (class attribute; a generator that yields what upstream
-    yields, unchanged and in order).
+    yields, unchanged and in order; or what another wrapper installed before
+    the plugin yields: it calls whatever the class held).
 Why
     By the time a tensor reaches an expert parameter's ``weight_loader``,
     vLLM has renamed it twice (the model's ``hf_to_vllm_mapper``:
@@ -75,11 +76,14 @@ def _remembering_keys(own: Callable) -> Callable:
     @functools.wraps(own)
     def get_all_weights(
         self: Any, *args: Any, **kwargs: Any
-    ) -> Generator[tuple[str, Any], None, None]:
+    ) -> Generator[Any, None, None]:
         try:
-            for key, tensor in own(self, *args, **kwargs):
-                _LastYielded.key, _LastYielded.tensor = key, tensor
-                yield key, tensor
+            # what it yields, as it yields it: a (key, tensor) remembered,
+            # anything else another wrapper yields handed on as it is
+            for item in own(self, *args, **kwargs):
+                if isinstance(item, tuple) and len(item) == 2:
+                    _LastYielded.key, _LastYielded.tensor = item
+                yield item
         finally:
             _LastYielded.key, _LastYielded.tensor = None, None
 

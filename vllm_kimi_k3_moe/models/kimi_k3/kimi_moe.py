@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.verification.targets import keyword_arguments
 
 PADDED = "padded_moe_intermediate_size"
@@ -35,8 +36,9 @@ class KimiMoEBuild:
     moe: Any
     logical_size: int  # config.moe_intermediate_size
     model_level_size: int | None = None  # upstream's padded_moe_intermediate_size
-    # the plugin stepped aside while this layer was built (its fixes did not
-    # hold on a small layer): the rest of it is built as vLLM alone builds it
+    # the plugin stepped aside before or while this layer was built (its
+    # fixes did not hold on a small layer, or other code replaced one of its
+    # wrappers since): the rest of it is built as vLLM alone builds it
     stepped_aside: bool = False
 
 
@@ -59,6 +61,8 @@ class BackendPaddedKimiMoE:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         config = kwargs["config"] if "config" in kwargs else args[0]
         build = KimiMoEBuild(moe=self, logical_size=config.moe_intermediate_size)
+        # the plugin's other wrappers still called, or it steps aside whole
+        build.stepped_aside = not vllm_kimi_k3_moe.fixes_in_effect()
         token = _current_build.set(build)
         try:
             super().__init__(*args, **kwargs)

@@ -261,6 +261,10 @@ def fix_by_fix() -> tuple[list[str], str | None]:
     lines = [
         f"{'fixes' if i == 0 else '':13}{fix}" for i, fix in enumerate(report["fixes"])
     ]
+    lines += [  # by other code this environment loads (vLLM's general plugins)
+        f"{'replaced' if i == 0 else '':13}{what}"
+        for i, what in enumerate(report.get("replaced", []))
+    ]
     if report["line"] is not None and not report["nothing_patched"]:
         said = textwrap.wrap(f"server logs: {report['line']}", 120 - len(INDENT))
         lines += [INDENT + part for part in said]

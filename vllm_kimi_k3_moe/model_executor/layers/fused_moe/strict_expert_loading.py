@@ -269,6 +269,14 @@ class StrictExpertLoading:
     def missing(self) -> list[ExpertSlice]:
         return sorted(self.expected_slices() - self.written)
 
+    def end_cold_start(self) -> None:
+        """The cold start is over (the layer is about to be prepared for its
+        kernel): every slice must have been written; from now on loads are
+        in-place updates, held to the contracts only."""
+        self.check_complete()
+        self.cold_start = False
+        self.written.clear()
+
     def check_complete(self) -> None:
         """Raise ``ValueError`` listing the expert tensors never loaded."""
         if not self.written and not self.load.started:
@@ -349,9 +357,7 @@ def _install(
 
     def process_weights_after_loading(layer: nn.Module) -> None:
         if loading.cold_start:
-            loading.check_complete()
-            loading.cold_start = False
-            loading.written.clear()
+            loading.end_cold_start()
         process_weights(layer)
 
     quant_method.process_weights_after_loading = process_weights_after_loading
