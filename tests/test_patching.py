@@ -148,3 +148,20 @@ def test_a_wrapper_dropped_by_other_code_is_lost_and_made_anew() -> None:
     assert Owner().method() == 2
     unwrap_method(Owner, "method")
     assert vars(Owner)["method"] is own
+
+
+def test_a_closed_wrapper_put_back_by_other_code_is_taken_up_again() -> None:
+    class Owner:
+        def method(self) -> int:
+            return 1
+
+    wrap_method(Owner, "method", doubled)
+    ours = vars(Owner)["method"]
+    Owner.method = lambda self: 5  # other code's, not calling on ours
+    unwrap_method(Owner, "method")  # ours is gone: forgotten, closed
+    Owner.method = ours  # that code puts back what it saved
+    assert Owner().method() == 1  # closed: hands on
+    wrap_method(Owner, "method", doubled)
+    assert vars(Owner)["method"] is ours and Owner().method() == 2
+    unwrap_method(Owner, "method")
+    assert vars(Owner)["method"] is not ours and Owner().method() == 1

@@ -87,6 +87,10 @@ def wrap_method(owner: Any, name: str, make_wrapper: Callable[[Any], Any]) -> No
     _INSTALLED.pop((owner, name), None)  # replaced since by code not calling it
     attribute = inspect.getattr_static(owner, name)
     own = _function_of(attribute)
+    if own in _GATES:  # a closed one of ours, put back by code that saved it
+        _GATES[own].on = True
+        _INSTALLED[owner, name] = own
+        return
     wrapper = make_wrapper(own)
 
     @functools.wraps(own)

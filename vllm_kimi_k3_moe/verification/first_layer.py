@@ -45,7 +45,9 @@ def settle(experts: Any, moe_intermediate_size: int) -> bool:
     decision, step_aside = _owed.pop()
     try:
         with small_layer.quietly():
-            proven = small_layer.prove(experts, moe_intermediate_size)
+            proven = small_layer.prove(
+                experts, moe_intermediate_size, decision.verified_code
+            )
     except Exception as error:  # a difference must never stop vLLM
         why = str(error)
         if not isinstance(error, small_layer.NotProven):

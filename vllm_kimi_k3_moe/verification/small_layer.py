@@ -35,9 +35,13 @@ verified but other code replaced a target at run time (``verdict``:
 through whatever vLLM calls now.
 
 What it does not prove: the kernels' own preparation and forward (the GPU's;
-CI proves them on the verified releases), and methods quantizing while
-loading (their weights are on ``meta`` until vLLM's layerwise loader runs;
-on unverified code they are refused here, so the plugin steps aside).
+CI proves them on the verified releases), and, on code the plugin was not
+verified on, methods quantizing while loading (their weights are on
+``meta`` until vLLM's layerwise loader runs: refused here, so the plugin
+steps aside). On verified code with a replaced target such a method's
+copies are only materialised, loaded and checked as an update (vLLM's
+layerwise loader loads them that way at the cold start too): what the
+replacement can change; the quantizing is the verified release's.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from typing import Any
 
 import torch
 
+from vllm_kimi_k3_moe.formats.bf16 import BF16
 from vllm_kimi_k3_moe.formats.kernel_padding import backend_name
 from vllm_kimi_k3_moe.formats.layouts import (
     PARAMETER_PROJECTIONS,
@@ -253,7 +258,9 @@ def _dtype_of(dtypes: tuple[str, ...], param: torch.Tensor) -> torch.dtype:
 
 def expert_tensors(small: Any, hidden: int, intermediate: int) -> list[ExpertTensor]:
     """Every sharded checkpoint tensor of ``small``'s method's format."""
-    known = expert_layouts(small.quant_method)
+    # an online method loads the BF16 checkpoint it quantizes
+    loaded = BF16 if is_online(small.quant_method) else None
+    known = expert_layouts(small.quant_method, loaded)
     if known is None:
         method = type(small.quant_method).__name__
         raise NotProven(f"{method} loads no checkpoint format the plugin knows")
@@ -301,8 +308,9 @@ def local_experts(small: Any) -> list[int]:
 class SmallLayerProof:
     """The proof for one layer under construction (``prove``)."""
 
-    def __init__(self, layer: Any, intermediate: int) -> None:
+    def __init__(self, layer: Any, intermediate: int, verified_code: bool) -> None:
         self.layer = layer
+        self.verified_code = verified_code
         self.intermediate = intermediate  # the checkpoint's expert width
         self.hidden = layer.moe_config.hidden_dim
         self.memory = RandomUnwrittenMemory(SEED)
@@ -317,6 +325,8 @@ class SmallLayerProof:
         key = (expert, tensor.projection, tensor.suffix)
         if key not in self.checkpoint:
             device = tensor.param.device
+            if device.type == "meta":  # an online layer's, until loaded
+                device = torch.get_default_device()
             if self.generator is None:
                 self.generator = torch.Generator(device).manual_seed(SEED + 1)
             converted = tensor.dtype != tensor.param.dtype
@@ -333,17 +343,19 @@ class SmallLayerProof:
         with self.memory:
             small = rebuilt(self.layer, small_config(self.layer.moe_config, rank))
         method = small.quant_method
-        if is_online(method):
+        online = is_online(method)
+        if online and not self.verified_code:
             raise NotProven(
                 f"{type(method).__name__} quantizes while loading: its loading "
                 "is not proven on a small layer"
             )
         tensors = expert_tensors(small, self.hidden, self.intermediate)
         params = {tensor.name: tensor.param for tensor in tensors}
-        self.load(small, tensors, params, rank, self.runs)
-        loading = expert_loading(small)
-        if loading is not None:  # as before the kernel's preparation
-            loading.end_cold_start()
+        if not online:  # an online layer's weights are on meta until loaded
+            self.load(small, tensors, params, rank, self.runs)
+            loading = expert_loading(small)
+            if loading is not None:  # as before the kernel's preparation
+                loading.end_cold_start()
         self.load(small, tensors, self.reloaded(params), rank, self.reload_runs)
         return f"{type(method).__name__}, {backend_name(method)}"
 
@@ -430,10 +442,10 @@ class SmallLayerProof:
         )
 
 
-def prove(layer: Any, intermediate: int) -> str:
+def prove(layer: Any, intermediate: int, verified_code: bool = False) -> str:
     """Build ``layer`` (a ``RoutedExperts`` under construction, its method not
     built yet) small on each GPU of its expert split, load and check it (the
     module docstring): what was proven, in a few words; ``NotProven`` with
     why where it does not hold. ``intermediate``: the checkpoint's expert
     width (``moe_intermediate_size``)."""
-    return SmallLayerProof(layer, intermediate).prove()
+    return SmallLayerProof(layer, intermediate, verified_code).prove()

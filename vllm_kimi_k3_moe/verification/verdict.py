@@ -136,6 +136,8 @@ class Decision:
     cause: str = ""
     # where the proof fails: what the warning asks of the operator
     remedy: str = ""
+    # every fix is on code of a verified release (only replaced at run time)
+    verified_code: bool = False
 
 
 REPORT = "Please report it (README: Release policy)."
@@ -198,7 +200,7 @@ def decide(
             "returns keeps the fixes (README: Release policy)."
         )
     prove = (checked or bool(replaced)) and prover in apply
-    return Decision(apply, False, line, prove, cause, remedy)
+    return Decision(apply, False, line, prove, cause, remedy, not checked)
 
 
 def fix_lines(verdicts: Sequence[FixVerdict]) -> list[str]:

@@ -17,11 +17,14 @@ import pytest
 import vllm_kimi_k3_moe
 from tests.models.kimi_k3 import other_patches as other
 from tests.models.kimi_k3.forward_cases import CPU, TOLERANCE, layer_cache, small_case
+from tests.models.kimi_k3.preparation.online import PATHS, quantize_rank, what_is_wrong
+from tests.models.kimi_k3.preparation.test_online_quantization import bf16_problems
 from tests.models.kimi_k3.test_small_layer_proof import RIGHT, build, plugin_lines
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
     expert_loading,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.selftest.harness import deployment_outputs, errors_of
 from vllm_kimi_k3_moe.verification import first_layer, report, targets, verdict
 
@@ -123,6 +126,19 @@ def test_wrappers_of_every_shape_before_the_plugin(
     assert other.Calls["to_meta_tensor"] and other.Calls["_get_quant_method"]
     assert experts.intermediate_size_per_partition == 128
     assert expert_loading(experts) is not None
+
+
+def test_a_method_quantizing_while_loading_too(kimi_model, registered_after):
+    """MXFP4 quantized from a BF16 checkpoint while vLLM loads it (whose
+    loading materialises every expert tensor through ``reload.meta``):
+    the smallest partition, the rows quantized those loaded, pads zero."""
+    registered_after(*OBSERVING)
+    path = next(p for p in PATHS if p.name == "mxfp4")
+    quantized = quantize_rank(kimi_model, path, "marlin", Rank(TP32))
+    assert vllm_kimi_k3_moe._decided[0]  # proven: the fixes stayed on
+    assert quantized.experts.intermediate_size_per_partition == 128
+    assert bf16_problems(quantized) == []
+    assert what_is_wrong(quantized) == []
 
 
 def test_fp8_block_computes_right_at_tp32_beside_the_wrappers(

@@ -76,7 +76,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vllm_kimi_k3_moe.formats import format_of_method
+from vllm_kimi_k3_moe.formats import KimiK3Format, format_of_method
 from vllm_kimi_k3_moe.formats.layouts import (
     PARAMETER_PROJECTIONS,
     ExpertTensors,
@@ -305,11 +305,14 @@ def _describe(missing: list[ExpertSlice], max_experts: int = 16) -> str:
     return "; ".join(shown)
 
 
-def expert_layouts(method: Any) -> tuple[ExpertTensors, dict[str, str]] | None:
-    """The checkpoint tensors of ``method``'s experts in their format and,
-    per expert parameter suffix (``w13_<suffix>``), the checkpoint suffix of
-    the tensors it loads; None for a method no known format is loaded by."""
-    fmt = format_of_method(method)
+def expert_layouts(
+    method: Any, fmt: KimiK3Format | None = None
+) -> tuple[ExpertTensors, dict[str, str]] | None:
+    """The checkpoint tensors of ``method``'s experts in their format (the
+    one that loads ``method``, or ``fmt``) and, per expert parameter suffix
+    (``w13_<suffix>``), the checkpoint suffix of the tensors it loads; None
+    for a method no known format is loaded by."""
+    fmt = fmt or format_of_method(method)
     if fmt is None:
         return None
     tensors = fmt.tensors_of_method(method)
