@@ -56,8 +56,11 @@ place the two releases differ for the plugin and its tools). Each declares
 the upstream objects it touches (``TARGETS``); on any vLLM, before the first
 patch goes on, ``verification`` judges every one of them: all that are
 verified or checked go on (one line says so where the code or the version is
-not a verified release's), those vLLM already has stay off, and if any
-differs nothing is patched and one warning names what.
+not a verified release's, or where other code replaced a target at run
+time: then the first layer proves the fixes with it in place), those vLLM
+already has stay off, and if any differs nothing is patched and one warning
+names what. A wrapper of the plugin's that other code drops later steps the
+plugin aside whole at the next Kimi-K3 layer (``fixes_in_effect``).
 
 The offline tools (``vllm_kimi_k3_moe.tools``) are never imported by a
 serving process; their temporary stand-ins for vLLM internals have their own

@@ -31,7 +31,7 @@ DIFFERS = "differs"  # not applied, and nothing else is
 @dataclass(frozen=True)
 class FixVerdict:
     patch: str  # the plugin's patch module
-    state: str  # VERIFIED, CHECKED, IN_VLLM or DIFFERS
+    state: str  # VERIFIED, CHECKED, REPLACED, IN_VLLM or DIFFERS
     detail: str  # the release whose code it is, or what differed / is in vLLM
     # each target other code replaced at run time, and by what (module.function)
     replaced: tuple[tuple[str, str], ...] = ()

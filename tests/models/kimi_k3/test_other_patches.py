@@ -9,6 +9,7 @@ working; ``doctor`` names what other plugins replace. The wrappers are
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
@@ -30,7 +31,6 @@ from vllm_kimi_k3_moe.verification import first_layer, report, targets, verdict
 
 TP32 = Topology(32)
 PARTITION_PATCH = vllm_kimi_k3_moe.PARTITION_PATCH
-DEFAULT_LOADER_PATCH = vllm_kimi_k3_moe.PATCHES[5][1]
 # every format the small-layer proof knows, each on a kernel it runs on
 FORMATS = [
     ("fp8-block", "triton"),
@@ -74,7 +74,7 @@ def test_a_replaced_target_of_verified_code_is_named_not_called_changed(
     patch = next(
         p
         for _, p in vllm_kimi_k3_moe.PATCHES
-        if target in __import__(p, fromlist=["TARGETS"]).TARGETS
+        if target in importlib.import_module(p).TARGETS
     )
     judged = verdict.judge(patch)
     assert judged.state == verdict.REPLACED
