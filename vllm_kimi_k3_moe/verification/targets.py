@@ -111,16 +111,41 @@ def _first_line(node: Any) -> int:
     return min([node.lineno, *(d.lineno for d in node.decorator_list)])
 
 
+def _called_as_defined(target: str) -> Any:
+    """What vLLM calls for ``target`` where that is, by its code, the
+    function the module's file defines under that name (the common case,
+    told without parsing the file: Python 3.11 codes know their qualified
+    name), else None."""
+    obj = live(target)
+    module, qualname = _module(target)
+    code = getattr(obj, "__code__", None)
+    path = getattr(module, "__file__", None)
+    if (
+        code is None
+        or path is None
+        or getattr(code, "co_qualname", None) != qualname
+        or os.path.realpath(code.co_filename) != os.path.realpath(path)
+    ):
+        return None
+    return obj
+
+
 def source(target: str) -> str:
     """The source of ``target`` as the installed module defines it (its
     lines as the file has them, decorators included), read from the module,
     not from the object its attribute holds now."""
+    defined = _called_as_defined(target)
+    if defined is not None:
+        return inspect.getsource(defined)
     node, lines, _ = _definition(target)
     return "".join(lines[_first_line(node) - 1 : node.end_lineno])  # type: ignore[attr-defined]
 
 
 def _is_definition(obj: Any, node: Any, path: str) -> bool:
-    """Whether ``obj`` is the function compiled from ``node`` of ``path``."""
+    """Whether ``obj`` is the function compiled from ``node`` of ``path`` (a
+    decorator the file applies may wrap it)."""
+    if node.decorator_list and callable(obj):
+        obj = inspect.unwrap(obj)
     code = getattr(obj, "__code__", None)
     return (
         code is not None
@@ -133,6 +158,8 @@ def _is_definition(obj: Any, node: Any, path: str) -> bool:
 def replacement(target: str) -> str | None:
     """Who replaced ``target`` at run time (``module.function`` of the object
     vLLM calls instead of its own), or None where it calls its own."""
+    if _called_as_defined(target) is not None:
+        return None
     obj = live(target)
     node, _, path = _definition(target)
     if _is_definition(obj, node, path):
