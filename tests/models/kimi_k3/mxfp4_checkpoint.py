@@ -58,6 +58,18 @@ def digit_plane(indices: torch.Tensor, digit: int) -> torch.Tensor:
     return ((indices // BASE**digit) % BASE + 1).to(torch.uint8)
 
 
+Plane = dict[TensorKey, torch.Tensor]  # one digit of every index, as uint8
+
+
+def digit_planes(indices: dict[TensorKey, torch.Tensor]) -> list[Plane]:
+    """The checkpoint, once per base-255 digit of its indices: made once and
+    loaded into every rank (the same tensors for each)."""
+    return [
+        {key: digit_plane(index, digit) for key, index in indices.items()}
+        for digit in range(DIGITS)
+    ]
+
+
 EXPERT_PARAMETERS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
 UNWRITTEN = -1
 
@@ -98,16 +110,16 @@ def expert_parameters(experts: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_and_decode(
-    make_experts: Callable[[], nn.Module], indices: dict[TensorKey, torch.Tensor]
+    make_experts: Callable[[], nn.Module], planes: list[Plane]
 ) -> dict[str, torch.Tensor]:
-    """Load each digit plane through the real loader of a fresh layer (a layer
-    takes each expert tensor once); per parameter byte, the checkpoint index it
-    received, or UNWRITTEN."""
+    """Load each digit plane (``digit_planes``) through the real loader of a
+    fresh layer (a layer takes each expert tensor once); per parameter byte,
+    the checkpoint index it received, or UNWRITTEN."""
     decoded: dict[str, torch.Tensor] = {}
     written: dict[str, torch.Tensor] = {}
-    for digit in range(DIGITS):
+    for digit, plane in enumerate(planes):
         experts = make_experts()
-        load_checkpoint(experts, {k: digit_plane(v, digit) for k, v in indices.items()})
+        load_checkpoint(experts, plane)
         for name, param in expert_parameters(experts).items():
             value = param.to(torch.int64)
             if digit == 0:

@@ -5,6 +5,9 @@ once."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -45,6 +48,44 @@ CASES = [
     ("nvfp4", "cutlass", nvfp4_tensors, 128, [(0, 96), (2208, 2304), (2976, 3072)]),
 ]
 IDS = ["fp8-block-triton", "nvfp4-flashinfer", "nvfp4-cutlass"]
+PLACED = (0, 23, 31)  # the ranks whose placement is checked row by row
+
+
+@functools.cache
+def traced(tensors: Callable[[int, int], list]) -> tuple[dict, list]:
+    """The checkpoint's indices and digit planes, made once per set of
+    tensors (both NVFP4 backends load the same): every rank loads the same."""
+    indices = checkpoint_indices(EXPERTS, tensors(HIDDEN, INTERMEDIATE))
+    return indices, digit_planes(indices)
+
+
+# What ranks PLACED decoded, by (format, backend, rank): each is loaded once,
+# by whichever of the two tests below gets to it first.
+_DECODED: dict[tuple[str, str, int], dict[str, torch.Tensor]] = {}
+
+
+def decoded_rank(format_experts, fmt, backend, tensors, partition, rank):
+    """TP32 rank ``rank``'s layer, built with ``partition`` rows, loaded with
+    every digit plane and decoded (``load_and_decode``)."""
+    key = (fmt, backend, rank)
+    if key in _DECODED:
+        return _DECODED[key]
+
+    def make():
+        experts = format_experts(
+            fmt,
+            backend,
+            Rank(Topology(TP_SIZE), tp_rank=rank),
+            small=True,
+            device="cpu",
+        )
+        assert experts.intermediate_size_per_partition == partition
+        return experts
+
+    decoded = load_and_decode(make, traced(tensors)[1])
+    if rank in PLACED:
+        _DECODED[key] = decoded
+    return decoded
 
 
 def expected_placement(decoded, indices, partition, rows):
@@ -75,21 +116,9 @@ def expected_placement(decoded, indices, partition, rows):
 def test_tp32_rank_holds_exactly_its_rows(
     format_experts, fmt, backend, tensors, partition, held, rank_index
 ):
-    rank = (0, 23, 31)[rank_index]
-    indices = checkpoint_indices(EXPERTS, tensors(HIDDEN, INTERMEDIATE))
-
-    def make():
-        experts = format_experts(
-            fmt,
-            backend,
-            Rank(Topology(TP_SIZE), tp_rank=rank),
-            small=True,
-            device="cpu",
-        )
-        assert experts.intermediate_size_per_partition == partition
-        return experts
-
-    decoded = load_and_decode(make, digit_planes(indices))
+    rank = PLACED[rank_index]
+    indices = traced(tensors)[0]
+    decoded = decoded_rank(format_experts, fmt, backend, tensors, partition, rank)
     expected = expected_placement(decoded, indices, partition, held[rank_index])
     for name in decoded:
         assert torch.equal(decoded[name], expected[name]), name
@@ -101,21 +130,11 @@ def test_tp32_rank_holds_exactly_its_rows(
 def test_every_checkpoint_element_lands_exactly_once_across_tp32(
     format_experts, fmt, backend, tensors, partition, held
 ):
-    indices = checkpoint_indices(EXPERTS, tensors(HIDDEN, INTERMEDIATE))
+    indices = traced(tensors)[0]
     total = sum(index.numel() for index in indices.values())
-    planes = digit_planes(indices)
     landed = []
     for rank in range(TP_SIZE):
-        decoded = load_and_decode(
-            lambda rank=rank: format_experts(
-                fmt,
-                backend,
-                Rank(Topology(TP_SIZE), tp_rank=rank),
-                small=True,
-                device="cpu",
-            ),
-            planes,
-        )
+        decoded = decoded_rank(format_experts, fmt, backend, tensors, partition, rank)
         for values in decoded.values():
             landed.append(values[values != UNWRITTEN])
     assert_every_element_once(landed, total)

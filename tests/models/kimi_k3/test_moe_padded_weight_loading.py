@@ -12,7 +12,7 @@ from tests.models.kimi_k3.builders import on_both_quantization_paths, routed_exp
 from tests.models.kimi_k3.mxfp4_checkpoint import (
     UNWRITTEN,
     checkpoint_indices,
-    digit_plane,
+    digit_planes,
     expert_parameters,
     load_and_decode,
     load_checkpoint,
@@ -33,6 +33,12 @@ def indices():
     return checkpoint_indices(EXPERTS, HIDDEN, k3.MOE_INTERMEDIATE_SIZE)
 
 
+@pytest.fixture(scope="module")
+def planes(indices):
+    """The checkpoint's digit planes, made once: every rank loads the same."""
+    return digit_planes(indices)
+
+
 def build_small(build_kimi_moe, topology, **kwargs):
     return routed_experts(build_kimi_moe(topology, small=True, device="cpu", **kwargs))
 
@@ -48,7 +54,7 @@ def build_small(build_kimi_moe, topology, **kwargs):
     ],
 )
 def test_tp32_rank_placement(
-    build_kimi_moe, indices, quantization, rank, rows, w2_cols, w2_scale_cols
+    build_kimi_moe, indices, planes, quantization, rank, rows, w2_cols, w2_scale_cols
 ):
     decoded = load_and_decode(
         lambda: build_small(
@@ -56,7 +62,7 @@ def test_tp32_rank_placement(
             Rank(Topology(TP_SIZE), tp_rank=rank),
             quantization=quantization,
         ),
-        indices,
+        planes,
     )
     assert decoded["w13_weight"].shape == (EXPERTS, 2 * PADDED_LOCAL, HIDDEN // 2)
 
@@ -79,7 +85,7 @@ def test_tp32_rank_placement(
 
 @on_both_quantization_paths
 def test_every_checkpoint_element_lands_exactly_once_across_tp32(
-    build_kimi_moe, indices, quantization
+    build_kimi_moe, indices, planes, quantization
 ):
     total = sum(t.numel() for t in indices.values())
     landed = []
@@ -90,7 +96,7 @@ def test_every_checkpoint_element_lands_exactly_once_across_tp32(
                 Rank(Topology(TP_SIZE), tp_rank=rank),
                 quantization=quantization,
             ),
-            indices,
+            planes,
         )
         assert decoded["w2_weight"].shape[2] == PADDED_LOCAL // 2
         for values in decoded.values():
@@ -101,12 +107,12 @@ def test_every_checkpoint_element_lands_exactly_once_across_tp32(
 @on_both_quantization_paths
 @pytest.mark.parametrize("rank", [0, 15, 31])
 def test_padded_tail_stays_zero_after_loading(
-    build_kimi_moe, indices, quantization, rank
+    build_kimi_moe, planes, quantization, rank
 ):
     experts = build_small(
         build_kimi_moe, Rank(Topology(TP_SIZE), tp_rank=rank), quantization=quantization
     )
-    load_checkpoint(experts, {k: digit_plane(v, 0) for k, v in indices.items()})
+    load_checkpoint(experts, planes[0])
     params = expert_parameters(experts)
     assert params["w13_weight"].shape[1] == 2 * PADDED_LOCAL
     assert params["w2_weight"].shape[2] == PADDED_LOCAL // 2
@@ -121,17 +127,17 @@ def test_padded_tail_stays_zero_after_loading(
     assert not params["w2_weight_scale"][..., 3:4].any()
 
 
-def loaded_state(experts, indices) -> dict[str, torch.Tensor]:
-    load_checkpoint(experts, {k: digit_plane(v, 0) for k, v in indices.items()})
+def loaded_state(experts, planes) -> dict[str, torch.Tensor]:
+    load_checkpoint(experts, planes[0])
     return {n: p.clone() for n, p in expert_parameters(experts).items()}
 
 
-def assert_identical_after_loading(patched, upstream, indices):
+def assert_identical_after_loading(patched, upstream, planes):
     """Same parameter names, shapes and loaded bytes; returns the loaded state."""
     assert [n for n, _ in patched.named_parameters()] == [
         n for n, _ in upstream.named_parameters()
     ]
-    mine, theirs = loaded_state(patched, indices), loaded_state(upstream, indices)
+    mine, theirs = loaded_state(patched, planes), loaded_state(upstream, planes)
     assert {n: t.shape for n, t in mine.items()} == {
         n: t.shape for n, t in theirs.items()
     }
@@ -141,23 +147,23 @@ def assert_identical_after_loading(patched, upstream, indices):
 
 
 @pytest.mark.parametrize("rank", [0, 7])
-def test_tp8_is_byte_identical_to_upstream(build_kimi_moe, indices, rank):
+def test_tp8_is_byte_identical_to_upstream(build_kimi_moe, planes, rank):
     """At TP8 nobody pads (3072 // 8 == 384): the plugin must change nothing."""
     patched = build_small(build_kimi_moe, Rank(Topology(8), tp_rank=rank))
     upstream = build_small(
         build_kimi_moe, Rank(Topology(8), tp_rank=rank), upstream=True
     )
-    loaded = assert_identical_after_loading(patched, upstream, indices)
+    loaded = assert_identical_after_loading(patched, upstream, planes)
     assert loaded["w13_weight"].shape[1] == 2 * 384
 
 
-def test_tp32_differs_from_upstream_only_in_partition_width(build_kimi_moe, indices):
+def test_tp32_differs_from_upstream_only_in_partition_width(build_kimi_moe, planes):
     """Same names and valid bytes; upstream allocates 256 per rank, we 128."""
     patched = build_small(build_kimi_moe, Rank(Topology(TP_SIZE), tp_rank=5))
     upstream = build_small(
         build_kimi_moe, Rank(Topology(TP_SIZE), tp_rank=5), upstream=True
     )
-    mine, theirs = loaded_state(patched, indices), loaded_state(upstream, indices)
+    mine, theirs = loaded_state(patched, planes), loaded_state(upstream, planes)
     assert list(mine) == list(theirs)
     assert mine["w13_weight"].shape[1] == 2 * 128
     assert theirs["w13_weight"].shape[1] == 2 * 256
@@ -172,14 +178,14 @@ def test_tp32_differs_from_upstream_only_in_partition_width(build_kimi_moe, indi
 
 
 @pytest.mark.parametrize("rank", [0, 3])
-def test_expert_parallel_is_byte_identical_to_upstream(build_kimi_moe, indices, rank):
+def test_expert_parallel_is_byte_identical_to_upstream(build_kimi_moe, planes, rank):
     """EP (4 ranks, one expert each): no padding anywhere, as upstream."""
     topology = Rank(Topology(4, expert_parallel=True), tp_rank=rank)
     patched = build_small(build_kimi_moe, topology)
     upstream = build_small(build_kimi_moe, topology, upstream=True)
     assert patched.moe_config.moe_parallel_config.use_ep
     assert patched.local_num_experts == 1
-    loaded = assert_identical_after_loading(patched, upstream, indices)
+    loaded = assert_identical_after_loading(patched, upstream, planes)
     assert loaded["w13_weight"].shape[1] == 2 * 3072
 
 
