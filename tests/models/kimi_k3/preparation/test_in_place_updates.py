@@ -7,7 +7,9 @@ start."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import tempfile
 from types import ModuleType
 from typing import Any
@@ -50,6 +52,45 @@ def _mode(path: str) -> str:
     return "direct" if path in ("direct", "load_plan") else "layerwise"
 
 
+# Fresh loads already taken, by everything ``served_rank`` builds and loads
+# from (``rows`` only labels a case) and the reload mode set: the update paths
+# of one mode compare with the same fresh loads (seeded, byte for byte the
+# same each time), taken once per process.
+_FRESH: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_loads_forgotten() -> Any:
+    """The fresh loads kept for this file's tests, dropped after them."""
+    yield
+    _FRESH.clear()
+
+
+def fresh_load(
+    kimi_model: ModuleType,
+    case: PreparationCase,
+    version: int,
+    online: OnlineQuantization | None,
+    selection: Any,
+) -> dict[str, Any]:
+    """``snapshot`` of ``case``'s GPU freshly loaded with weights ``version``
+    (uninitialised memory random, seeded by the version)."""
+    key = (
+        kimi_model.KimiMoE,
+        dataclasses.replace(case, rows=0),
+        version,
+        online,
+        selection,
+        os.environ.get("VLLM_RELOAD_MODE"),
+    )
+    if key not in _FRESH:
+        with served_rank(
+            kimi_model, case, version, online, seed=100 + version, selection=selection
+        ) as r:
+            _FRESH[key] = snapshot(r.experts)
+    return _FRESH[key]
+
+
 def updated_like_fresh(
     kimi_model: ModuleType,
     case: PreparationCase,
@@ -59,13 +100,11 @@ def updated_like_fresh(
 ) -> list[str]:
     """What differs, after each update through ``path``, from a fresh load of
     the same weights on ``case``'s GPU (each loaded with other random
-    bytes in memory nobody wrote)."""
-    fresh = {}
-    for version in UPDATES:
-        with served_rank(
-            kimi_model, case, version, online, seed=100 + version, selection=selection
-        ) as r:
-            fresh[version] = snapshot(r.experts)
+    bytes in memory nobody wrote; ``fresh_load``)."""
+    fresh = {
+        version: fresh_load(kimi_model, case, version, online, selection)
+        for version in UPDATES
+    }
     problems = []
     state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-updates-")}
     with served_rank(
