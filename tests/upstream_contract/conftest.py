@@ -7,6 +7,7 @@ from tests.models.kimi_k3.conftest import (  # noqa: F401 (fixtures)
     build_kimi_moe,
     format_experts,
     kimi_k3_h20_planner,
+    kimi_k3_planner,
     kimi_model,
     moe_layers_only_model,
     one_cpu_thread,

@@ -9,6 +9,7 @@ have, are entered by the fixtures in this file (``rank_config``,
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 from collections.abc import Callable, Iterator
@@ -52,18 +53,51 @@ def kimi_model() -> ModuleType:
 
 
 @pytest.fixture(scope="session")
-def kimi_k3_h20_planner(kimi_model: ModuleType) -> Iterator[object]:
-    """A ``Planner`` of Kimi-K3's published config on H20s (``--gpu h20``;
-    vLLM's defaults otherwise): the tests that plan on it share its builds
-    (each TP size's is made once)."""
-    from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
-    from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
+def kimi_k3_planner(kimi_model: ModuleType) -> Iterator[object]:
+    """A ``Planner`` of Kimi-K3's published config at vLLM's defaults, no
+    GPU budget, made once a session: the tests that plan on it, or on
+    ``sized_for`` it, share its builds (each sharding is built once)."""
     from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
     from vllm_kimi_k3_moe.tools.plan.planner import Planner
 
-    budget = GpuBudget(gpu_preset("h20").memory_gib)
-    with Planner(KIMI_K3_TEXT_CONFIG, budget=budget) as planner:
+    with Planner(KIMI_K3_TEXT_CONFIG) as planner:
         yield planner
+
+
+def sized_for(planner: object, budget: object) -> object:
+    """``planner`` sizing the KV cache for GPUs of ``budget`` (a
+    ``GpuBudget``), on the same builds: what a deployment's rank 0
+    allocates reads no budget (``Planner._build``), only the KV-cache
+    sizing of a plan does. Closed with ``planner``."""
+    other = copy.copy(planner)
+    other.budget = budget
+    return other
+
+
+@pytest.fixture(scope="session")
+def kimi_k3_plan(kimi_k3_planner: object) -> Callable[..., object]:
+    """``plan(deployment, budget=None)``: ``deployment`` sized as
+    ``plan_deployment`` sizes it with Kimi-K3's published config (a
+    ``Planner`` of its own), on ``kimi_k3_planner``'s builds."""
+    planners = {None: kimi_k3_planner}
+
+    def plan(deployment: object, budget: object = None) -> object:
+        if budget not in planners:
+            planners[budget] = sized_for(kimi_k3_planner, budget)
+        return planners[budget].plan(deployment)
+
+    return plan
+
+
+@pytest.fixture(scope="session")
+def kimi_k3_h20_planner(kimi_k3_planner: object) -> object:
+    """A ``Planner`` of Kimi-K3's published config on H20s (``--gpu h20``;
+    vLLM's defaults otherwise): the tests that plan on it share its builds
+    (``kimi_k3_planner``'s)."""
+    from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
+    from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
+
+    return sized_for(kimi_k3_planner, GpuBudget(gpu_preset("h20").memory_gib))
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.models.kimi_k3.conftest import sized_for
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import main
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
@@ -41,9 +42,10 @@ VISION_TOWER_BYTES = 447_358_976 * 2
 
 
 @pytest.fixture(scope="module")
-def planner(kimi_model):
-    with Planner(KIMI_K3_TEXT_CONFIG, Serving(), H200) as planner:
-        yield planner
+def planner(kimi_k3_planner):
+    """A planner of Kimi-K3 on H200s (vLLM's defaults otherwise), on the
+    session's builds (``kimi_k3_planner``)."""
+    return sized_for(kimi_k3_planner, H200)
 
 
 def real_build(planner, deployment: Deployment, pp_rank: int = 0):
@@ -104,10 +106,9 @@ def test_data_parallel_layouts_are_what_their_own_build_allocates(planner, deplo
     )
 
 
-def test_the_vision_tower_is_counted_unless_language_model_only(kimi_model):
+def test_the_vision_tower_is_counted_unless_language_model_only(kimi_k3_planner):
     deployment = Deployment(32)
-    with Planner(KIMI_K3_TEXT_CONFIG) as planner:
-        with_vision = planner.plan(deployment)
+    with_vision = kimi_k3_planner.plan(deployment)
     with Planner(KIMI_K3_TEXT_CONFIG, Serving(language_model_only=True)) as planner:
         without = planner.plan(deployment)
     assert with_vision.fixed.components["vision_tower"] == VISION_TOWER_BYTES
@@ -244,6 +245,7 @@ def test_advisor_json_has_one_entry_per_layout(kimi_model, capsys):
             assert document["whole_model"]["fixed_bytes"] == heaviest
 
 
+@pytest.mark.slow
 def test_advisor_in_a_fresh_process_prints_one_screen_and_no_noise():
     """``python -m vllm_kimi_k3_moe``: the table within 120 columns, and on
     stderr only the command's own progress line (importing vLLM on a machine

@@ -7,10 +7,10 @@ import shlex
 
 import pytest
 
+from tests.models.kimi_k3.conftest import sized_for
 from vllm_kimi_k3_moe.tools.cli import build_parser
 from vllm_kimi_k3_moe.tools.cli.plan import advisor_command
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.plan.next_step import (
     NextStep,
     fitting,
@@ -23,11 +23,9 @@ GIB = 1000
 
 
 @pytest.fixture(scope="module")
-def big_gpu_planner(kimi_model):
-    from vllm_kimi_k3_moe.tools.plan.planner import Planner
-
-    with Planner(KIMI_K3_TEXT_CONFIG, budget=GpuBudget(GIB)) as planner:
-        yield planner
+def big_gpu_planner(kimi_k3_planner):
+    """A planner of Kimi-K3 on GPUs of GIB, on the session's builds."""
+    return sized_for(kimi_k3_planner, GpuBudget(GIB))
 
 
 def test_the_fewest_gpus_that_fit_are_the_planners(big_gpu_planner):

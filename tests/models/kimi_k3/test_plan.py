@@ -27,7 +27,6 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     DeploymentError,
     Serving,
 )
-from vllm_kimi_k3_moe.tools.plan.planner import plan_deployment
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes
@@ -45,9 +44,11 @@ LLAMA_CONFIG = {
 }
 
 
-def plan(deployment: Deployment):
-    """The MoE-layer figures of ``deployment``'s plan (the whole model built)."""
-    return plan_deployment(KIMI_K3_TEXT_CONFIG, deployment).moe
+@pytest.fixture
+def plan(kimi_k3_plan):
+    """The MoE-layer figures of a deployment's plan (the whole model built,
+    ``kimi_k3_plan``)."""
+    return lambda deployment: kimi_k3_plan(deployment).moe
 
 
 def routed_bytes(experts: int, intermediate: int) -> int:
@@ -103,7 +104,7 @@ def test_shared_and_latent_bytes_at_tp32(kimi_k3_plans):
     )  # plus the router
 
 
-def test_expert_parallel_holds_whole_experts(kimi_model):
+def test_expert_parallel_holds_whole_experts(plan):
     result = plan(Deployment(32, expert_parallel=True))
     assert result.fixed.local_experts == 896 // 32
     assert result.logical_intermediate_per_rank == 3072
@@ -127,7 +128,7 @@ def test_expert_parallel_holds_whole_experts(kimi_model):
         (Deployment(8, dp_size=4), 128, 128),
     ],
 )
-def test_other_paths_and_kernels(kimi_model, deployment, upstream, fixed):
+def test_other_paths_and_kernels(plan, deployment, upstream, fixed):
     result = plan(deployment)
     assert result.upstream.intermediate_per_rank == upstream
     assert result.fixed.intermediate_per_rank == fixed
@@ -610,7 +611,7 @@ def test_docs_show_the_default_table_on_h20s(kimi_k3_deployment_plans):
     assert f"{table(plans)}\n{serve_commands(plans)}\n```" in readme
 
 
-def test_every_offered_backend_is_vllms_and_sizes(kimi_model):
+def test_every_offered_backend_is_vllms_and_sizes(plan):
     """Each name --moe-backend accepts is one of vLLM's --moe-backend values
     the layer builds with; at TP32 none allocates more than upstream's 256 or
     less than 96."""

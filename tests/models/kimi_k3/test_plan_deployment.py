@@ -105,8 +105,8 @@ def test_dcp_splits_each_requests_mla_tokens_not_its_kda_state(
     ("gib", "upstream_fits", "fixed_fits"),
     [(80, False, False), (96, False, True), (141, False, True), (192, True, True)],
 )
-def test_tp32_fit_by_gpu_size(kimi_model, gib, upstream_fits, fixed_fits):
-    result = plan_deployment(KIMI_K3_TEXT_CONFIG, Deployment(32), budget=GpuBudget(gib))
+def test_tp32_fit_by_gpu_size(kimi_k3_plan, gib, upstream_fits, fixed_fits):
+    result = kimi_k3_plan(Deployment(32), GpuBudget(gib))
     assert (result.upstream_kv.tokens > 0) == upstream_fits
     assert (result.fixed_kv.tokens > 0) == fixed_fits
     assert result.fixed_kv.tokens >= result.upstream_kv.tokens
@@ -137,11 +137,9 @@ def test_utilization_outside_zero_one_is_refused(bad):
 
 
 @pytest.fixture(scope="module")
-def formats(kimi_model) -> dict[tuple[str, int], object]:
+def formats(kimi_k3_plan) -> dict[tuple[str, int], object]:
     return {
-        (fmt, tp): plan_deployment(
-            KIMI_K3_TEXT_CONFIG, Deployment(tp, quantization=fmt)
-        )
+        (fmt, tp): kimi_k3_plan(Deployment(tp, quantization=fmt))
         for fmt in FORMAT_NAMES
         for tp in (8, 16, 32)
     }
@@ -216,8 +214,8 @@ def test_formats_order_by_bytes_per_expert_value_at_tp32(formats):
     ],
     ids=["TP16", "TP8 DP4", "TP32 EP", "TP8 DP4 EP"],
 )
-def test_other_topologies_build_whole(kimi_model, deployment):
-    result = plan_deployment(KIMI_K3_TEXT_CONFIG, deployment, budget=GpuBudget(141))
+def test_other_topologies_build_whole(kimi_k3_plan, deployment):
+    result = kimi_k3_plan(deployment, GpuBudget(141))
     assert result.fixed.total_bytes <= result.upstream.total_bytes
     experts = KIMI_K3_TEXT_CONFIG["num_experts"]
     assert result.moe.fixed.local_experts == deployment.experts_per_gpu(experts)
@@ -225,15 +223,13 @@ def test_other_topologies_build_whole(kimi_model, deployment):
 
 
 @pytest.mark.parametrize("fmt", [f for f in FORMAT_NAMES if f != "mxfp4"])
-def test_every_offered_backend_builds_the_format(kimi_model, fmt):
+def test_every_offered_backend_builds_the_format(kimi_k3_plan, fmt):
     for backend in format_named(fmt).moe_backends:
-        result = plan_deployment(
-            KIMI_K3_TEXT_CONFIG, Deployment(32, backend=backend, quantization=fmt)
-        )
+        result = kimi_k3_plan(Deployment(32, backend=backend, quantization=fmt))
         assert result.moe.fixed.intermediate_per_rank <= 256, (fmt, backend)
 
 
-def test_a_layout_only_the_plugin_builds_is_sized_and_says_so(kimi_model):
+def test_a_layout_only_the_plugin_builds_is_sized_and_says_so(kimi_k3_plan):
     """FP8 blocks at TP8 x DP4: every expert over 32 GPUs with no model-level
     padding, 96 rows each, which vLLM alone's FP8 block method refuses; the
     plugin gives the first 24 GPUs whole 128-row blocks. plan sizes it, and
@@ -241,10 +237,9 @@ def test_a_layout_only_the_plugin_builds_is_sized_and_says_so(kimi_model):
     from vllm_kimi_k3_moe.tools.deployment.gpus import gpu_preset
     from vllm_kimi_k3_moe.tools.plan.report import table
 
-    result = plan_deployment(
-        KIMI_K3_TEXT_CONFIG,
+    result = kimi_k3_plan(
         Deployment(8, dp_size=4, quantization="fp8-block"),
-        budget=GpuBudget(gpu_preset("b200").memory_gib),
+        GpuBudget(gpu_preset("b200").memory_gib),
     )
     assert result.moe.fixed.intermediate_per_rank == 128
     assert result.moe.upstream is None and result.upstream is None
