@@ -1,7 +1,11 @@
 """Every test keeps ``plan``'s answers in a directory of its own
 (``tools.deployment.remembered``): no test reads an answer another test, or the
 operator's own runs, kept, and none writes to the user's cache. Each test
-is a command of its own: the VLLM_* settings are read afresh."""
+is a command of its own: the VLLM_* settings are read afresh.
+
+The tests marked ``slow`` (a minute or more each on CI's 2 cores) run first:
+pytest-xdist hands tests out in collection order, and one of them started
+last would leave the other workers idle until it ends."""
 
 from __future__ import annotations
 
@@ -17,3 +21,10 @@ from vllm_kimi_k3_moe.tools.deployment.remembered import (
 def answers_kept_per_test(tmp_path_factory, monkeypatch):
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path_factory.mktemp("answers")))
     vllm_environment.cache_clear()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``slow`` tests first, in collection order; the rest as collected
+    (and as pytest grouped them by fixture)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

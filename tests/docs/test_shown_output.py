@@ -76,6 +76,7 @@ def figure_differs(workspace: Workspace, capsys: Any) -> list[str]:
     return [f"{FIGURE}: draw it again: vllm-kimi-k3-moe plan --gpu h20 --plot {FIGURE}"]
 
 
+@pytest.mark.slow
 def test_every_command_prints_what_the_docs_show(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

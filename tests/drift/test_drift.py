@@ -92,6 +92,7 @@ def run_on(drift: Drift, root: Path) -> dict:
     return report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drift", DRIFTS, ids=[d.name for d in DRIFTS])
 def test_the_plugin_on_a_drifted_vllm(drift: Drift, tmp_path: Path) -> None:
     report = run_on(drift, tmp_path / "vllm-copy")

@@ -260,6 +260,7 @@ def cached_kimi_k3_hash(cache_root: Path) -> tuple[str | None, str]:
     return cached, registered._get_modelinfo_module_hash(Path(installed))
 
 
+@pytest.mark.slow
 def test_the_patch_is_verified_with_the_plugin_off(tmp_path, monkeypatch):
     """The whole command: lint, the patch's tests and the behaviour tests on
     the patched copy with VLLM_PLUGINS="", and the matrix compared with the

@@ -211,6 +211,7 @@ def test_a_backend_vllm_refuses_names_the_backends_it_builds_on(capsys) -> None:
     assert "marlin" not in named
 
 
+@pytest.mark.slow
 def test_mxfp4_over_a_bf16_checkpoint_quantizes_while_loading(
     kimi_model, tmp_path: Path, capsys
 ) -> None:

@@ -70,6 +70,7 @@ def small_config(tmp_path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.triton_interpreted
 def test_triton_on_a_cpu_runs_the_gpus_kernel_interpreted(small_config) -> None:
     """``--moe-backend triton`` in a process of its own (as an operator runs

@@ -78,7 +78,7 @@ from vllm_kimi_k3_moe.tools.selftest.interpreted_triton import (
     INTERPRETER_ENVIRONMENT,
 )
 
-pytestmark = pytest.mark.triton_interpreted
+pytestmark = [pytest.mark.triton_interpreted, pytest.mark.slow]
 
 CONFIGS = ("bf16", "fp8-block", "ct-fp8-channel")
 # Relative error a GPU's output may have against its share: FP32 arithmetic
