@@ -43,11 +43,8 @@ BLOCK = 128  # FP8 per block's scale block, rows x columns
 
 
 @pytest.fixture(scope="module")
-def fp8_block_plan(kimi_model):
-    from vllm_kimi_k3_moe.tools.plan.planner import Planner
-
-    with Planner(KIMI_K3_TEXT_CONFIG) as planner:
-        return planner.plan(TP32_FP8_BLOCK)
+def fp8_block_plan(kimi_k3_plan):
+    return kimi_k3_plan(TP32_FP8_BLOCK)
 
 
 @pytest.fixture(scope="module")
@@ -135,20 +132,19 @@ def test_an_unknown_method_is_refused_by_name(capsys) -> None:
     assert "fp8_per_block" in error and "mxfp4" in error
 
 
-def test_plan_sizes_a_method_that_quantizes_the_linear_layers_too(kimi_model):
+def test_plan_sizes_a_method_that_quantizes_the_linear_layers_too(
+    kimi_model, kimi_k3_plan
+):
     """FP8 per channel quantizes the linear layers as well: plan builds them
     with vLLM's own linear-kernel choice (per-token FP8, as on the GPU),
     and gives the routed experts the runtime's rows."""
-    from vllm_kimi_k3_moe.tools.plan.planner import Planner
-
     (path,) = [p for p in PATHS if p.name == "fp8_per_channel"]
     runtime = quantize_rank(kimi_model, path, "triton", Rank(Topology(32)))
     assert runtime.error is None, runtime.error
     deployment = Deployment(
         32, backend="triton", quantization="bf16", online="fp8_per_channel"
     )
-    with Planner(KIMI_K3_TEXT_CONFIG) as planner:
-        moe = planner.plan(deployment).moe
+    moe = kimi_k3_plan(deployment).moe
     runtime_rows = runtime.experts.moe_config.intermediate_size_per_partition
     assert moe.fixed.intermediate_per_rank == runtime_rows == 96
     assert moe.upstream.intermediate_per_rank == 256
