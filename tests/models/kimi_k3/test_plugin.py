@@ -293,3 +293,35 @@ def test_padding_and_strict_loading_are_independent_patches(kimi_model):
         strict_expert_loading.apply(kimi_model)
     assert issubclass(kimi_model.KimiMoE, strict)
     assert issubclass(kimi_model.KimiMoE, BackendPaddedKimiMoE)
+
+
+def test_kimi_moe_builds_under_a_config_that_only_stands_in(kimi_model, rank_config):
+    """vLLM's own unit tests build layers under a config of their own, not a
+    ``VllmConfig`` (a namespace of what the layer reads): the plugin builds
+    ``KimiMoE`` from it wherever vLLM alone does, its fix and strict loading
+    on (MXFP4 on Marlin at TP32: 128 rows per GPU, vLLM alone 256)."""
+    from types import SimpleNamespace
+
+    from vllm.config import set_current_vllm_config
+
+    from tests.models.kimi_k3.builders import routed_experts
+    from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
+        expert_loading,
+    )
+
+    real = rank_config(Topology(32))
+    stand_in = SimpleNamespace(**{f: getattr(real, f) for f in vars(real)})
+    rows = {}
+    for i, upstream in enumerate((True, False)):
+        cls = upstream_class(kimi_model.KimiMoE) if upstream else kimi_model.KimiMoE
+        with set_current_vllm_config(stand_in), torch.device("meta"):
+            moe = cls(
+                kimi_k3_text_config(),
+                stand_in,
+                quant_config=real.quant_config,
+                prefix=f"model.layers.{i + 1}.block_sparse_moe",
+            )
+        experts = routed_experts(moe)
+        rows[upstream] = experts.w13_weight.shape[1] // 2
+        assert (expert_loading(experts) is not None) is not upstream
+    assert rows == {True: 256, False: 128}

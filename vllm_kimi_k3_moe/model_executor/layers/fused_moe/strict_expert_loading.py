@@ -64,6 +64,7 @@ Verified against
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 import weakref
@@ -86,7 +87,11 @@ from vllm_kimi_k3_moe.formats.layouts import (
 from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
     checkpoint_key_of,
 )
-from vllm_kimi_k3_moe.patching import add_subclass_layer, remove_subclass_layer
+from vllm_kimi_k3_moe.patching import (
+    add_subclass_layer,
+    remove_subclass_layer,
+    upstream_class,
+)
 
 # What the patch replaces or relies on (``vllm_kimi_k3_moe.verification``):
 # the class it layers (whose __init__ it calls), the loader it hands on to,
@@ -109,17 +114,27 @@ class ModelLoad:
         self.started = False
 
 
-_model_loads: dict[int, ModelLoad] = {}
+# id(config) -> (the config where it cannot be weakly referenced, its load)
+_model_loads: dict[int, tuple[Any, ModelLoad]] = {}
 
 
 def model_load(vllm_config: Any) -> ModelLoad:
     """The load state shared by every layer built under ``vllm_config``
-    (forgotten with it)."""
+    (forgotten with it), or a layer's own where it was built under none."""
+    if vllm_config is None:
+        return ModelLoad()
     key = id(vllm_config)
-    load = _model_loads.get(key)
-    if load is None:
-        load = _model_loads[key] = ModelLoad()
+    known = _model_loads.get(key)
+    if known is not None:  # alive: a weakly held config leaves with its entry
+        return known[1]
+    load = ModelLoad()
+    try:
         weakref.finalize(vllm_config, _model_loads.pop, key, None)
+        _model_loads[key] = (None, load)
+    except TypeError:
+        # A config without weak references (vLLM's unit tests build layers
+        # under a ``SimpleNamespace``): held here, so its id is not reused
+        _model_loads[key] = (vllm_config, load)
     return load
 
 
@@ -380,19 +395,27 @@ class StrictlyLoadedKimiMoE:
         if _still_applied(type(self)):  # not if the plugin stepped aside
             config = kwargs["config"] if "config" in kwargs else args[0]
             make_expert_loading_strict(
-                self, config.moe_intermediate_size, _vllm_config_of(args, kwargs)
+                self,
+                config.moe_intermediate_size,
+                _vllm_config_of(type(self), args, kwargs),
             )
 
 
-def _vllm_config_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The ``VllmConfig`` a ``KimiMoE`` is built under: NVIDIA's takes it
-    second (``(config, vllm_config, ...)``); AMD's takes none (``(config,
-    quant_config, prefix, layer_idx)``) and is built, as every layer, under
-    the model's current config."""
-    from vllm.config import VllmConfig, get_current_vllm_config
+def _vllm_config_of(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The config a ``KimiMoE`` is built under, read as upstream's
+    ``__init__`` reads it: NVIDIA's takes ``vllm_config`` (a ``VllmConfig``,
+    or whatever stands in for one: vLLM's own unit tests pass a namespace);
+    AMD's takes none (``(config, quant_config, prefix, layer_idx)``) and is
+    built, as every layer, under the current config, if one is set."""
+    from vllm.config import get_current_vllm_config_or_none
 
-    given = kwargs.get("vllm_config", args[1] if len(args) > 1 else None)
-    return given if isinstance(given, VllmConfig) else get_current_vllm_config()
+    parameters = inspect.signature(upstream_class(cls).__init__).parameters
+    if "vllm_config" not in parameters:
+        return get_current_vllm_config_or_none()
+    if "vllm_config" in kwargs:
+        return kwargs["vllm_config"]
+    position = list(parameters).index("vllm_config") - 1  # after self
+    return args[position] if position < len(args) else None
 
 
 def _still_applied(cls: type) -> bool:
