@@ -27,8 +27,14 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "1d26addf4dfd157a",
-            "signatures": ["412e4ca687f1", "7ea6aa402c6f"],
+            "digest": "9dad8e1e13903aa6",
+            "signatures": [
+                "412e4ca687f1",
+                "7ea6aa402c6f",
+                "1fdb5217538c",
+                "aad038ca182e",
+                "f4ca892d9e9f",
+            ],
         },
         "vllm_kimi_k3_moe.model_executor.model_loader.default_loader": {
             "digest": "5782d6fec92d85b3",
@@ -58,8 +64,14 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "dba0bf6ffb3c77b2",
-            "signatures": ["412e4ca687f1", "7ea6aa402c6f"],
+            "digest": "f9c2189c488379bc",
+            "signatures": [
+                "412e4ca687f1",
+                "7ea6aa402c6f",
+                "8b7459f79cb0",
+                "aad038ca182e",
+                "f4ca892d9e9f",
+            ],
         },
         "vllm_kimi_k3_moe.model_executor.model_loader.default_loader": {
             "digest": "5782d6fec92d85b3",

@@ -48,7 +48,11 @@ How
     after the cold start. Those are in-place updates (RL weight sync, EPLB's
     recovery; ``docs/design.md``), which may deliver any part of the
     checkpoint, or write through a load plan without calling a loader: each
-    tensor an update hands a loader is still held to its contract.
+    tensor an update hands a loader is still held to its contract. A breach
+    in an update first gives every layer the update left open the kernel
+    tensors it held (``model_loader.refused_update``), so the refusal
+    leaves the engine serving, and its message names the tensor as the
+    caller sent it and says what the engine holds now.
 Related PR
     None upstream: vLLM's generic loader has the same gap for every MoE model;
     this plugin closes it for Kimi-K3, whose 1.5-2.8 TB checkpoints make a
@@ -87,6 +91,11 @@ from vllm_kimi_k3_moe.formats.layouts import (
 from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
     checkpoint_key_of,
 )
+from vllm_kimi_k3_moe.model_executor.model_loader.refused_update import (
+    name_as_sent,
+    put_back_open_layers,
+    what_the_engine_holds,
+)
 from vllm_kimi_k3_moe.patching import (
     add_subclass_layer,
     remove_subclass_layer,
@@ -100,6 +109,11 @@ from vllm_kimi_k3_moe.patching import (
 TARGETS = (
     "vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts.weight_loader",
     "vllm.model_executor.model_loader.reload.meta:get_numel_loaded",
+    # what a refused update gives back (``refused_update``): the layers an
+    # update opened, their set-aside kernel tensors and vLLM's own way back
+    "vllm.model_executor.model_loader.reload.layerwise:initialize_layerwise_reload",
+    "vllm.model_executor.model_loader.reload.layerwise:_place_kernel_tensors",
+    "vllm.model_executor.model_loader.reload.types:LayerReloadingInfo.reset",
 )
 
 # Expert parameters: "w13_weight_packed" -> (w13, weight_packed)
@@ -159,6 +173,7 @@ class StrictExpertLoading:
         moe_intermediate_size: int,
         tensors: ExpertTensors,
         load: ModelLoad,
+        kimi_moe_module: str,
     ) -> None:
         self.experts = experts
         self.load = load
@@ -179,6 +194,8 @@ class StrictExpertLoading:
         self.cold_start = True
         # What this layer's keys start with in the checkpoint, once seen.
         self.checkpoint_prefix = f"{self.layer_name}."
+        # ... and in what an update's caller sends (the checkpoint's names)
+        self.sent_prefix = f"{name_as_sent(self.layer_name, kimi_moe_module)}."
 
     def checkpoint_name(self, expert_slice: ExpertSlice) -> str:
         """This slice's key in the checkpoint (as far as this layer knows)."""
@@ -238,6 +255,7 @@ class StrictExpertLoading:
         key = checkpoint_key_of(loaded_weight)
         if key is not None and key.endswith(f".{expert_slice}"):
             self.checkpoint_prefix = key[: -len(str(expert_slice))]
+            self.sent_prefix = self.checkpoint_prefix
 
     def check_contract(
         self,
@@ -247,7 +265,9 @@ class StrictExpertLoading:
     ) -> None:
         """Refuse, before anything is written, a tensor whose shape or dtype
         breaks its contract (the dtype as safetensors names it: what the
-        shard header says, and what ``check`` compares)."""
+        shard header says, and what ``check`` compares). In an in-place
+        update, the layers the update left open are first given back what
+        they held (``refused_update``), and the message says so."""
         contract = self.contracts[(expert_slice.projection, expert_slice.suffix)]
         dtype = safetensors_dtype(str(loaded_weight.dtype))
         breaches = contract.breaches(tuple(loaded_weight.shape), dtype)
@@ -266,11 +286,25 @@ class StrictExpertLoading:
                     f"has dtype {breach.found} ({loaded_weight.dtype}), expected "
                     f"{breach.expected}"
                 )
+        if self.cold_start:
+            raise ValueError(
+                f"Kimi-K3 checkpoint tensor {self.checkpoint_name(expert_slice)} "
+                f"(expert {expert_slice.expert_id}, loaded into {weight_name}) "
+                f"{' and '.join(what)} in {self.format_name}; nothing was written."
+            )
+        put_back = put_back_open_layers()
         raise ValueError(
-            f"Kimi-K3 checkpoint tensor {self.checkpoint_name(expert_slice)} "
-            f"(expert {expert_slice.expert_id}, loaded into {weight_name}) "
-            f"{' and '.join(what)} in {self.format_name}; nothing was written."
+            f"Kimi-K3 weight update refused: tensor "
+            f"{self.sent_name(expert_slice)} (expert {expert_slice.expert_id}, "
+            f"vLLM's {self.checkpoint_name(expert_slice)}, loaded into "
+            f"{weight_name}) {' and '.join(what)} in {self.format_name}. "
+            f"{what_the_engine_holds(put_back)}"
         )
+
+    def sent_name(self, expert_slice: ExpertSlice) -> str:
+        """The slice's name as the caller of an update sends it: the
+        checkpoint's, before the model's ``hf_to_vllm_mapper`` renamed it."""
+        return f"{self.sent_prefix}{expert_slice}"
 
     def expected_slices(self) -> set[ExpertSlice]:
         """Every slice this rank must receive: its local experts' tensors."""
@@ -350,7 +384,11 @@ def make_expert_loading_strict(
             if known is not None:
                 tensors, checkpoint_suffixes = known
                 loading = StrictExpertLoading(
-                    experts, moe_intermediate_size, tensors, model_load(vllm_config)
+                    experts,
+                    moe_intermediate_size,
+                    tensors,
+                    model_load(vllm_config),
+                    upstream_class(type(kimi_moe)).__module__,
                 )
                 _install(experts, loading, checkpoint_suffixes)
 
