@@ -46,7 +46,7 @@ from tests.models.kimi_k3.traced_checkpoint import (
 )
 from vllm_kimi_k3_moe import KIMI_K3_AMD_LINEAR, MODEL_PATCHES, PARTITION_PATCH
 from vllm_kimi_k3_moe import patches_judged_with as judged_with
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import backend_name
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.kernel_rows import backend_name
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import moe_kernels_on_their_gpu

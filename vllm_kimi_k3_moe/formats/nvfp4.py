@@ -5,7 +5,7 @@ Published as compressed-tensors ``nvfp4-pack-quantized``
 (``ModelOptNvFp4FusedMoE``; ``quant_algo`` NVFP4 in ``config.json`` or
 ``hf_quant_config.json``). Both allocate at the logical size. FlashInfer's
 TRT-LLM and CuteDSL kernels, b12x, Marlin and Humming pad it again at weight
-preparation (``kernel_padding``), so the plugin allocates what they keep; the
+preparation (``kernel_rows``), so the plugin allocates what they keep; the
 CUTLASS family's weight preparation refuses a gated pad: their rule keeps the
 gate/up scale rows whole 128-row tiles.
 """

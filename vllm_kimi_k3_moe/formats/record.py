@@ -1,25 +1,21 @@
 """What a Kimi-K3 format is: the record type every format module fills in.
 
 Plain Python: nothing here imports torch or vLLM. The partition rules'
-checks call vLLM, importing it only when a layer is being built.
+checks call vLLM, importing it only when a layer is being built; what a
+kernel keeps of a rule's partitions, and which the layout chooser tries, is
+asked beside the chooser (``model_executor.layers.fused_moe.kernel_rows``).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_kimi_k3_moe.formats.kernel_padding import kernel_keeps, kernel_takes
 from vllm_kimi_k3_moe.formats.layouts import ExpertTensors
 
-RoundUp = Callable[[int], int]  # n -> the method's own rounding of n
 RowRange = tuple[int, int]  # [start, end) of an expert's intermediate rows
-
-# Partitions that split no scale group are searched in steps of the finest
-# quantization group Kimi-K3 is published with (NVFP4: 16 values per scale).
-SEARCH_STEP = 16
 
 
 def _no_group(method: Any) -> int:
@@ -32,7 +28,9 @@ class PartitionRule:
     partition: ``accepts(method, hidden, n)`` calls the vLLM check that
     enforces it; ``row_group(method)`` is how many intermediate rows share
     one scale (or zero point, or packed element) along the rows, so that a
-    GPU holding part of a group would need another GPU's scales."""
+    GPU holding part of a group would need another GPU's scales. What the
+    method's kernel keeps and takes of a partition is asked with it
+    (``kernel_rows.resident``, ``kernel_rows.search``)."""
 
     name: str  # the vLLM check it calls, for the startup log
     accepts: Callable[[Any, int, int], bool] | None = None
@@ -49,36 +47,6 @@ class PartitionRule:
     # part of one would need another GPU's scales; not for a method that
     # quantizes BF16 while loading (its groups start at each GPU's first row)
     groups_in_checkpoint: bool = True
-
-    def resident(self, method: Any, n: int) -> int:
-        """The rows the method's kernel keeps once its weight preparation
-        ran on a partition of ``n`` (some pad again there, holding a second
-        copy while they do: ``kernel_padding``). The plugin allocates only
-        partitions kept as they are, so nothing is padded twice."""
-        return kernel_keeps(method, n, self.row_group(method))
-
-    def partitions(
-        self,
-        method: Any,
-        hidden: int,
-        start: int,
-        step: int,
-        limit: int,
-        round_up: RoundUp,
-    ) -> Iterator[int]:
-        """Every n from ``start`` to ``limit``, in steps of ``step``, that the
-        method's own rounding and its kernel's preparation leave as it is
-        and that ``accepts``, smallest first."""
-        n = start
-        while n <= limit:
-            if (
-                round_up(n) == n
-                and self.resident(method, n) == n
-                and kernel_takes(method, n)
-                and (self.accepts is None or self.accepts(method, hidden, n))
-            ):
-                yield n
-            n = (n // step + 1) * step
 
 
 def owns_its_padding(row_group: Callable[[Any], int] = _no_group) -> PartitionRule:

@@ -57,13 +57,13 @@ from typing import Any
 import torch
 
 from vllm_kimi_k3_moe.formats.bf16 import BF16
-from vllm_kimi_k3_moe.formats.kernel_padding import backend_name
 from vllm_kimi_k3_moe.formats.layouts import (
     PARAMETER_PROJECTIONS,
     TORCH_DTYPE_NAMES,
     safetensors_dtype,
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe import said_once
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.kernel_rows import backend_name
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     logging_held_back,

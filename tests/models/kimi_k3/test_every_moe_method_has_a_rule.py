@@ -15,7 +15,7 @@ import pytest
 
 from tests.models.kimi_k3.preparation.online import PATHS
 from vllm_kimi_k3_moe.formats import FORMATS
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.kernel_rows import rule_of
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
 

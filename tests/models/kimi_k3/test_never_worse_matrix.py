@@ -21,10 +21,8 @@ import pytest
 
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from vllm_kimi_k3_moe.formats import format_of_method
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
-    kernel_of,
-    rule_of,
-)
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe import kernel_rows
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
 
@@ -96,10 +94,10 @@ def _outcome(format_experts, config: str, backend: str, topology: Topology, **kw
     names = tuple(getattr(part, "__name__", str(part)) for part in kernel_of(method))
     fmt = format_of_method(method)
     with simulated_rank(topology):  # a learned rule runs create_weights
-        rule = rule_of(method, experts.moe_config)
+        rule = kernel_rows.rule_of(method, experts.moe_config)
     hidden = experts.moe_config.hidden_dim
     takes = not rule or not rule.accepts or rule.accepts(method, hidden, partition)
-    resident = rule.resident(method, partition) if rule else partition
+    resident = kernel_rows.resident(rule, method, partition) if rule else partition
     choice = getattr(experts, "kimi_k3_partition", None)
     intermediate = experts.moe_config.intermediate_size
     return Built(

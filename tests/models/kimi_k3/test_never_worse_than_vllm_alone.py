@@ -12,6 +12,7 @@ import pytest
 
 from tests.models.kimi_k3.kimi_k3_formats import LEARNED_FORMAT
 from vllm_kimi_k3_moe.formats import format_of_method
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.kernel_rows import resident
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import kernel_of
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
@@ -110,7 +111,7 @@ def vllm_alone_allocates(format_experts, fmt, backend, topology, rows, kernel):
         return False
     method = experts.quant_method
     fmt = format_of_method(method)
-    kept = fmt.partition_rule.resident(method, rows) if fmt else rows
+    kept = resident(fmt.partition_rule, method, rows) if fmt else rows
     return experts.intermediate_size_per_partition == rows == kept and (
         kernel_of(method) == kernel
     )

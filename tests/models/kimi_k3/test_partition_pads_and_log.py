@@ -12,7 +12,7 @@ from torch import nn
 
 from tests.models.kimi_k3.kimi_k3_formats import LEARNED_FORMAT, PUBLISHED_FORMATS
 from tests.models.kimi_k3.test_never_worse_than_vllm_alone import PARTITIONS
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe import partition, said_once
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe import kernel_rows, said_once
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 
@@ -91,7 +91,7 @@ def test_method_without_rule_keeps_vllm_alone_partition_zeroed(
     """Where no rule can be had (a method whose ``create_weights`` needs
     more of a real layer than ``learned_rule`` gives it: the rule is None),
     vLLM alone's partition, every pad zero."""
-    monkeypatch.setattr(partition, "learned_rule", lambda method, config: None)
+    monkeypatch.setattr(kernel_rows, "learned_rule", lambda method, config: None)
     mine = build_small(LEARNED_FORMAT, "triton", Topology(32))
     theirs = build_small(LEARNED_FORMAT, "triton", Topology(32), upstream=True)
     assert type(mine.quant_method).__name__ == "CompressedTensorsW8A8Fp8MoEMethod"

@@ -18,7 +18,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.kernel_rows import (
+    resident,
+    rule_of,
+)
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import ExpertCheckpoint
@@ -137,12 +140,12 @@ def _times(loaded: LoadedRank, layer: PreparedLayer) -> dict[int, ExpertsTime]:
 def kept_rows(experts: Any) -> int | None:
     """The rows per expert ``experts``' kernel keeps once its weight
     preparation ran, where it pads the allocated ones again (Marlin, Humming,
-    NVFP4 on FlashInfer: ``kernel_padding``); None where it keeps them, or
+    NVFP4 on FlashInfer: ``kernel_rows``); None where it keeps them, or
     no rule of the plugin's knows the method."""
     method, n = experts.quant_method, experts.intermediate_size_per_partition
     try:
         rule = rule_of(method, experts.moe_config)
-        kept = None if rule is None else rule.resident(method, n)
+        kept = None if rule is None else resident(rule, method, n)
     except Exception:  # a method its preparation left unreadable: not known
         return None
     return kept if kept != n else None

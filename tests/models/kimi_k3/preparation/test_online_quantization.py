@@ -271,7 +271,7 @@ def test_the_rule_is_learned_from_what_the_method_quantizes_to(kimi_model, path)
     from vllm.model_executor.layers.quantization.online import moe_base
 
     from vllm_kimi_k3_moe.model_executor.layers.fused_moe import learned_rule
-    from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import rule_of
+    from vllm_kimi_k3_moe.model_executor.layers.fused_moe.kernel_rows import rule_of
     from vllm_kimi_k3_moe.patching import replaced_attributes
     from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
     from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config

@@ -1,10 +1,10 @@
 """The partition rule of a quantization method no format of the registry
 names, learned from vLLM's own objects.
 
-Used by ``partition.LayoutChooser`` inside a ``KimiMoE`` build. A method the
-registry (``vllm_kimi_k3_moe.formats``) does not name (vLLM's native FP8,
-ModelOpt FP8 and MXFP8, compressed-tensors MXFP8, FP8 or INT4 per channel,
-a method vLLM adds) is asked, not listed:
+Asked by ``kernel_rows.rule_of`` for ``partition.LayoutChooser`` inside a
+``KimiMoE`` build. A method the registry (``vllm_kimi_k3_moe.formats``) does
+not name (vLLM's native FP8, ModelOpt FP8 and MXFP8, compressed-tensors
+MXFP8, FP8 or INT4 per channel, a method vLLM adds) is asked, not listed:
 
 - which rows share a scale or a packed element: its ``create_weights`` is
   run on a scratch module on the ``meta`` device (no memory) at two
@@ -15,16 +15,16 @@ a method vLLM adds) is asked, not listed:
 - its ``maybe_roundup_sizes`` and its constructor's checks: the chooser's
   trial builds, as for every rule;
 - what its kernel keeps after its weight preparation
-  (``PartitionRule.resident``, ``formats.kernel_padding``).
+  (``kernel_rows.resident``).
 
 A GPU's pad of integer weights (int32-packed) keeps zero scales: a zero code
 is not a zero value there. Where ``create_weights`` cannot be run on a
 scratch module, there is no rule and the chooser keeps vLLM alone's
 partition. An online method (``online.is_online``: it quantizes BF16 weights
-while vLLM loads them) is not asked its ``create_weights`` (it allocates the
-BF16 it loads, one element per row: group 1) but what it quantizes to, whose
-scale blocks, packing and kernel preparation decide its rows
-(``online.quantized_rule``).
+while vLLM loads them) is not asked here (its ``create_weights`` allocates
+the BF16 it loads, one element per row: group 1) but what it quantizes to,
+whose scale blocks, packing and kernel preparation decide its rows
+(``online.quantized_rule``; ``kernel_rows.rule_of`` asks that one instead).
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ import math
 from typing import Any
 
 from vllm_kimi_k3_moe.formats.record import PartitionRule
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import (
-    is_online,
-    quantized_rule,
-)
 
 PREFIXES = ("w13_", "w2_")
 
@@ -88,9 +84,7 @@ def _rows_per_element(name: str, rows: int, extent: int) -> int:
 def learned_rule(method: Any, config: Any) -> PartitionRule | None:
     """The rule of ``method`` (built for ``config``, a ``FusedMoEConfig``),
     from the tensors its ``create_weights`` allocates; None where they
-    cannot be had (an online method: from what it quantizes to)."""
-    if is_online(method):
-        return quantized_rule(method)
+    cannot be had. Not for an online method (``online.quantized_rule``)."""
     whole = config.intermediate_size
     try:
         at_whole = _expert_tensors(method, config, whole)

@@ -37,8 +37,8 @@ to its kernel (``_setup_kernel``, not run); every tensor whose extent follows
 the rows says how many rows one of its scales (or packed elements) spans.
 A GPU's partition must be whole such groups (its quantization starts at its
 own first row: a BF16 checkpoint has no groups to keep whole across GPUs)
-and what its kernel keeps once it prepared them (``kernel_padding``, with
-that group). Where the method cannot be run so (a checkpoint's quantized
+and what its kernel keeps once it prepared them (``kernel_rows.resident``,
+with that group). Where the method cannot be run so (a checkpoint's quantized
 experts re-quantized, ``requantization_source``; a quantizer the device
 lacks; no ``_setup_kernel``: vLLM 0.34's LUT-B), no rule: vLLM alone's
 partition.

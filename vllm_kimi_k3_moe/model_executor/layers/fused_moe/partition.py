@@ -28,6 +28,9 @@ will get. The trials ask vLLM, in this order:
 
 Every trial but vLLM alone's own is built with vLLM's logging held back
 (``logging_held_back``), so that the log says only what the layer does.
+What the chooser asks of a method's rule and kernel (where its rule comes
+from, what its kernel keeps and takes, which partitions to try) is answered
+in one module beside it, ``kernel_rows``.
 """
 
 from __future__ import annotations
@@ -39,14 +42,12 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from typing import Any
 
-from vllm_kimi_k3_moe.formats import format_of_method
-from vllm_kimi_k3_moe.formats.kernel_padding import backend_name
-from vllm_kimi_k3_moe.formats.record import (
-    SEARCH_STEP,
-    PartitionRule,
-    whole_group_partition,
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.kernel_rows import (
+    backend_name,
+    resident,
+    rule_of,
+    search,
 )
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.learned_rule import learned_rule
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
 from vllm_kimi_k3_moe.models.kimi_k3.kimi_moe import KimiMoEBuild
 from vllm_kimi_k3_moe.patching import replaced_attributes
@@ -163,13 +164,6 @@ def logging_held_back() -> Iterator[None]:
                 handler.removeFilter(_drop)
 
 
-def rule_of(method: Any, config: Any) -> PartitionRule | None:
-    """The partition rule of vLLM's MoE quantization ``method`` (built for
-    ``config``): its format's, or one learned from the method itself."""
-    fmt = format_of_method(method)
-    return fmt.partition_rule if fmt else learned_rule(method, config)
-
-
 # Why an online method keeps vLLM alone's partition (``plan`` says it too).
 ONLINE_NOT_LEARNED = (
     "quantized while loading (online), not learned from what it "
@@ -275,7 +269,7 @@ class LayoutChooser:
             if rule.accepts is None or rule.accepts(method, self.hidden, upstream):
                 # never more than vLLM alone keeps, where it runs
                 with logging_held_back():
-                    limit = rule.resident(method, upstream)
+                    limit = resident(rule, method, upstream)
                 self.upstream_resident = limit
                 if not rule.groups_in_checkpoint:
                     # quantized while loading: never more than vLLM alone
@@ -284,15 +278,11 @@ class LayoutChooser:
                     limit = upstream
             else:
                 refused = f"its kernel cannot run {upstream} rows ({rule.name})"
-        group = rule.row_group(method)
-        whole_groups = rule.groups_in_checkpoint and self.logical % group != 0
-        if whole_groups:
-            start, step = whole_group_partition(self.logical, group), group
-        else:
-            start, step = self.round_up(method, self.logical), SEARCH_STEP
         limit = limit or self.intermediate
         rounded = functools.partial(self.round_up, method)
-        candidates = rule.partitions(method, self.hidden, start, step, limit, rounded)
+        whole_groups, group, candidates = search(
+            rule, method, self.hidden, self.logical, limit, rounded
+        )
         for n in _quietly(candidates):
             layout = RankLayout(
                 n, n if whole_groups else self.logical, whole_groups, self.intermediate

@@ -54,7 +54,7 @@ How
     the vLLM check that enforces it) or, for a method no format names, a
     rule learned from its own ``create_weights`` (``learned_rule``), the
     smallest partition the kernel accepts and keeps as it is when it
-    prepares its weights (``formats.kernel_padding``), never above what vLLM
+    prepares its weights (``kernel_rows``), never above what vLLM
     alone's kernel keeps where vLLM alone's runs, with whole scale groups per
     GPU where the even slice splits one (vLLM's block-aligned loader,
     ``tp_shard_with_padding``), and builds the method for it; it must select
