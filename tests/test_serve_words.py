@@ -14,7 +14,11 @@ from huggingface_hub.file_download import repo_folder_name
 
 from vllm_kimi_k3_moe.tools.check.hub_cache import checkpoint_directory
 from vllm_kimi_k3_moe.tools.check.layout import PreflightInputError
-from vllm_kimi_k3_moe.tools.deployment.serve_line import serve_words
+from vllm_kimi_k3_moe.tools.deployment.serve_line import (
+    ServeCommandError,
+    serve_environment,
+    serve_words,
+)
 
 CONTINUED = """\
       vllm serve '/models/Kimi K3' --tensor-parallel-size 32 \\
@@ -111,3 +115,14 @@ def test_a_directory_wins_over_the_cache(
 def test_a_path_that_is_no_hub_id_is_missing(hub_cache: Path) -> None:
     with pytest.raises(PreflightInputError, match="/no/such does not exist"):
         checkpoint_directory("/no/such")
+
+
+def test_the_environment_before_vllm_serve_is_read_and_not_an_argument():
+    """``plan`` prints ``VLLM_ROCM_USE_AITER=1 vllm serve ...`` on an AMD GPU
+    where AITER is planned; a shell gives the server that variable."""
+    line = f"VLLM_ROCM_USE_AITER=1 A='x y' {CONTINUED.strip()}"
+    assert serve_words(line) == WORDS
+    assert serve_environment(line) == {"VLLM_ROCM_USE_AITER": "1", "A": "x y"}
+    assert serve_environment(CONTINUED) == {}
+    with pytest.raises(ServeCommandError, match="NAME=VALUE"):
+        serve_words("VLLM_ROCM_USE_AITER=1 python -m vllm serve x")

@@ -42,11 +42,16 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     XPU_PRESETS,
     an_amd_gpu_named,
     gpu_preset,
+    named_amd_arch,
 )
-from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import GPU_CAPABILITY
+from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
+    GPU_CAPABILITY,
+    refuse_a_kernel_the_gpu_cannot_run,
+)
 from vllm_kimi_k3_moe.tools.deployment.serve_line import (
     named_model,
     read_serve_command,
+    serve_environment,
     serve_words,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import (
@@ -56,6 +61,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     validate_prefill_context_parallel,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_gpu_of_capability
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_served
 from vllm_kimi_k3_moe.tools.plan.online_names import online_config
 from vllm_kimi_k3_moe.tools.plan.planner import (
     MoeMemoryPlan,
@@ -244,7 +250,14 @@ def _asked(args: argparse.Namespace) -> CheckInput:
 def run(args: argparse.Namespace) -> int:
     no_background_kernel_builds()  # vLLM's parser and model on the meta device only
     preset = None if args.gpu is None else gpu_preset(args.gpu)
-    with an_amd_gpu_named(preset and preset.arch):
+    arch = preset and preset.arch
+    try:  # AITER as the serve line's environment (else check's own) has it
+        environment = (
+            {} if args.serve_command is None else serve_environment(args.serve_command)
+        )
+    except DeploymentError as error:
+        fail("check", str(error))
+    with an_amd_gpu_named(arch, aiter_served(arch, environment)):
         return _checked(args, GPU_CAPABILITY.get(args.gpu or ""))
 
 
@@ -263,7 +276,7 @@ def _checked(args: argparse.Namespace, capability: tuple[int, int] | None) -> in
         plan = (
             None
             if backend is None
-            else _vllm_allocation(report, backend, asked, capability)
+            else _vllm_allocation(report, backend, asked, capability, args.gpu)
         )
         # as text: sys.stdout may be a stream without a binary buffer
         print(as_json(report, plan).decode(), end="", flush=True)
@@ -273,7 +286,7 @@ def _checked(args: argparse.Namespace, capability: tuple[int, int] | None) -> in
     print("\n".join([*headline(report), *summarised]), flush=True)
     if backend is not None:
         stages = report.stages if report.parallelism.pp_size > 1 else []
-        moe = _vllm_allocation(report, backend, asked, capability)
+        moe = _vllm_allocation(report, backend, asked, capability, args.gpu)
         print("\n".join(allocation(moe, stages)))
     print("\n".join([*problem_lines(report.problems, args.show_all), *verdict(report)]))
     return report.status
@@ -292,6 +305,7 @@ def _vllm_allocation(
     backend: str,
     asked: CheckInput,
     capability: tuple[int, int] | None = None,
+    args_gpu: str | None = None,
 ) -> MoeMemoryPlan:
     """check --moe-backend: what vLLM allocates for the checkpoint's
     deployment, upstream and with the plugin (imports vLLM); a BF16
@@ -313,6 +327,14 @@ def _vllm_allocation(
     assert report.layout.language_model is not None  # read with --moe-backend
     try:
         with quiet_vllm(), a_gpu_of_capability(capability):
+            if args_gpu is not None and named_amd_arch() is not None:
+                # vLLM's refusal there, naming AITER's switch where it is off
+                refuse_a_kernel_the_gpu_cannot_run(
+                    report.layout.language_model,
+                    deployment,
+                    args_gpu,
+                    report.layout.quantization_config,
+                )
             return plan_deployment(
                 report.layout.language_model,
                 deployment,

@@ -49,6 +49,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     ALL_GPU_PRESETS,
     AMD_MOE_BACKENDS,
     AMD_PRESETS,
+    GPU_ARCHS,
     XPU_MOE_BACKENDS,
     XPU_PRESETS,
 )
@@ -61,7 +62,12 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     Topology,
 )
 from vllm_kimi_k3_moe.tools.plan.answers import Answers
-from vllm_kimi_k3_moe.tools.plan.asked import INPUT_ERRORS, PlanInput, plan_input
+from vllm_kimi_k3_moe.tools.plan.asked import (
+    INPUT_ERRORS,
+    PlanInput,
+    gpu_label,
+    plan_input,
+)
 from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
 from vllm_kimi_k3_moe.tools.plan.online_notes import note_online
 from vllm_kimi_k3_moe.tools.plan.planner import PlanError
@@ -148,7 +154,16 @@ def add_command(commands: Subcommands) -> None:
         "--gpu-memory-gib",
         type=positive_float,
         metavar="X",
-        help="memory of one GPU in GiB as CUDA reports it, for any other GPU",
+        help="memory of one GPU in GiB as CUDA (HIP) reports it, for any other "
+        "GPU: NVIDIA unless --gpu-arch names an AMD one",
+    )
+    plan.add_argument(
+        "--gpu-arch",
+        type=str.lower,
+        choices=GPU_ARCHS,
+        help="the architecture of the AMD GPU --gpu-memory-gib gives (gfx942: "
+        "CDNA3, MI300X-class; gfx950: CDNA4, MI350X-class): plan builds "
+        "vLLM's AMD Kimi-K3 model for it",
     )
     plan.add_argument(
         "--gpus-per-node",
@@ -330,7 +345,9 @@ def run(args: argparse.Namespace) -> int:
     answers = Answers(asked, served_model(args.model, args.config), args.gpus_per_node)
     step: list[str] = []
     try:
-        kernel = answers.kernel_of_the_asked(args.gpu)
+        kernel = answers.kernel_of_the_asked(
+            gpu_label(args) if asked.amd_arch is not None else args.gpu
+        )
         if args.gpus is not None:
             plans, refused = answers.advise(args.gpus)
             if not fitting(plans):
@@ -378,7 +395,9 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(table(plans, format_title=asked.quantization_title))
+        # a GPU by its memory alone: its vendor (assumed or given) heads it
+        gpu = None if args.gpu is not None else asked.gpu_title
+        print(table(plans, format_title=asked.quantization_title, gpu=gpu))
         print(serve_commands(plans))
     return 0
 
@@ -420,11 +439,7 @@ def advisor_command(args: argparse.Namespace, gpus: int, **options: str) -> str:
     """The advisor's ``plan`` command for ``gpus`` GPUs, every other option
     as given, ``options`` (``quantization``, ``moe_backend``) replaced."""
     words = [PROG, "plan", "--gpus", str(gpus)]
-    words += (
-        ["--gpu", args.gpu]
-        if args.gpu
-        else ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
-    )
+    words += _gpu_words(args)
     given = {
         "quantization": args.quantization,
         "quantization_config": args.quantization_config,
@@ -476,16 +491,21 @@ def _note_dsa_config_unread(text_config: dict[str, Any]) -> None:
         )
 
 
+def _gpu_words(args: argparse.Namespace) -> list[str]:
+    """The options that name the GPU asked: its preset, or its memory (and
+    architecture)."""
+    if args.gpu:
+        return ["--gpu", args.gpu]
+    words = ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
+    return words + (["--gpu-arch", args.gpu_arch] if args.gpu_arch else [])
+
+
 def plan_command(args: argparse.Namespace, topology: Topology) -> str:
     """The ``plan`` command that sizes ``topology`` alone, as the advisor
     sized it (every other option the advisor was given), and prints its
     ``vllm serve`` command."""
     words = [PROG, "plan"]
-    words += (
-        ["--gpu", args.gpu]
-        if args.gpu
-        else ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
-    )
+    words += _gpu_words(args)
     words += ["--tp", str(topology.tp_size)]
     for option, size in (
         ("--dcp", topology.dcp_size),

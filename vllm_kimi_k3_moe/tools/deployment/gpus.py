@@ -92,10 +92,20 @@ ROCM_AND_XPU_PRESETS: dict[str, GpuPreset] = {
         # on MI300X, AMD ROCm blogs, "GPTQ quantization on AMD GPUs" with
         # GPTQModel); marketed 192 GB (HBM3).
         GpuPreset("mi300x", "MI300X 192GB", 196588, AMD, "gfx942"),
+        # The MI300X's sibling (CDNA3, gfx942) with its 192 GB of HBM3, as
+        # the public question of running Kimi-K3 on two servers of 8 gives
+        # it (github.com/MoonshotAI/Kimi-K3/issues/33). No HIP measurement
+        # of an MI308X found: the MI300X's 191.98 GiB, the same memory.
+        GpuPreset("mi308x", "MI308X 192GB", 196588, AMD, "gfx942"),
         # HIP "total capacity of 255.98 GiB" (public vLLM ROCm reports of
         # HIP out-of-memory on MI325X, e.g. the sparse-MLA decode fallback's);
         # marketed 256 GB (HBM3E).
         GpuPreset("mi325x", "MI325X 256GB", 262124, AMD, "gfx942"),
+        # CDNA4 (gfx950) with the MI355X's 288 GiB of HBM3E (ROCm's GPU
+        # specifications, rocm.docs.amd.com/en/latest/reference/
+        # gpu-specs.html, list both so). No HIP measurement of an MI350X
+        # found: the MI355X's 287.98 GiB, the same memory.
+        GpuPreset("mi350x", "MI350X 288GB", 294892, AMD, "gfx950"),
         # HIP "total capacity of 287.98 GiB" (public MI355X out-of-memory
         # reports from vLLM and SGLang runs); marketed 288 GB (HBM3E).
         GpuPreset("mi355x", "MI355X 288GB", 294892, AMD, "gfx950"),
@@ -120,6 +130,32 @@ AMD_MOE_BACKENDS: dict[str, tuple[str, ...]] = {"mxfp4": ("emulation", "aiter")}
 XPU_MOE_BACKENDS: dict[str, tuple[str, ...]] = {"mxfp4": ("emulation", "xpu")}
 
 
+# --gpu-arch: the architecture of an AMD GPU no preset names (given by
+# --gpu-memory-gib), the names ROCm reports (gcnArchName): CDNA3, CDNA4
+GPU_ARCHS = ("gfx942", "gfx950")
+
+# The switch vLLM's ROCm build reads for AITER's kernels (``vllm.envs``; off
+# unless set). vLLM's Kimi-K3 recipe serves AMD with it on
+# (github.com/vllm-project/recipes, models/moonshotai/Kimi-K3.yaml,
+# hardware_overrides.amd) and verifies MI355X only; ROCm/MAD pull request
+# 182 and SemiAnalysis's InferenceX pull request 2351 serve MI355X so. On
+# CDNA4 plan plans as the recipe serves (AITER on), on CDNA3 as vLLM does
+# by default (off: vLLM's AITER kernels for Kimi-K3's MXFP4 experts are
+# gfx950's); the variable set in plan's environment overrides both.
+AITER_VARIABLE = "VLLM_ROCM_USE_AITER"
+RECIPE_AITER_ARCHS = ("gfx950",)
+
+
+def memory_gpu_title(memory_gib: float, arch: str | None) -> str:
+    """How the tables name a GPU ``--gpu-memory-gib`` gives, in GB (their
+    unit), with its vendor: AMD and its architecture (``--gpu-arch``), else
+    NVIDIA, said to be assumed."""
+    size = f"{memory_gib * 2**30 / 10**9:.1f} GB"
+    if arch is None:
+        return f"{size} NVIDIA (assumed: no --gpu-arch)"
+    return f"{size} AMD {arch}"
+
+
 class GpuError(ValueError):
     """An unknown GPU name; one line."""
 
@@ -128,6 +164,8 @@ class GpuError(ValueError):
 # build vLLM's AMD model for, while ``an_amd_gpu_named`` is entered; None:
 # no AMD or Intel GPU named.
 _NAMED_AMD_ARCH: ContextVar[str | None] = ContextVar("named_amd_arch", default=None)
+# Whether AITER is on there (``VLLM_ROCM_USE_AITER=1``) while entered
+_NAMED_AITER: ContextVar[bool] = ContextVar("named_aiter", default=False)
 
 
 def named_amd_arch() -> str | None:
@@ -135,10 +173,23 @@ def named_amd_arch() -> str | None:
     return _NAMED_AMD_ARCH.get()
 
 
+def named_aiter() -> bool:
+    """Whether the AMD GPU ``an_amd_gpu_named`` holds runs with AITER on."""
+    return _NAMED_AITER.get() and named_amd_arch() not in (None, XPU)
+
+
+def serving_environment() -> tuple[str, ...]:
+    """The environment a ``vllm serve`` line needs on the GPU
+    ``an_amd_gpu_named`` holds, as ``NAME=VALUE`` words before it: AITER's
+    switch where plan planned with AITER on; nothing elsewhere."""
+    return (f"{AITER_VARIABLE}=1",) if named_aiter() else ()
+
+
 @contextmanager
-def an_amd_gpu_named(arch: str | None) -> Iterator[None]:
+def an_amd_gpu_named(arch: str | None, aiter: bool = False) -> Iterator[None]:
     """While entered, the tools build vLLM's model as on an AMD GPU of
-    ``arch`` (``gfx942``, ``gfx950``), or an Intel one (``XPU``), where vLLM
+    ``arch`` (``gfx942``, ``gfx950``), with AITER on where ``aiter``
+    (``VLLM_ROCM_USE_AITER=1``), or an Intel one (``XPU``), where vLLM
     builds the same AMD model (None: nothing changes): vLLM's AMD Kimi-K3
     MoE, that platform's kernels (``meta_rank.stand_ins.amd_gpu``). Holds
     no vLLM state: plain Python."""
@@ -146,9 +197,11 @@ def an_amd_gpu_named(arch: str | None) -> Iterator[None]:
         yield
         return
     token = _NAMED_AMD_ARCH.set(arch)
+    aiter_token = _NAMED_AITER.set(aiter)
     try:
         yield
     finally:
+        _NAMED_AITER.reset(aiter_token)
         _NAMED_AMD_ARCH.reset(token)
 
 
@@ -167,5 +220,6 @@ def gpu_preset(name: str) -> GpuPreset:
     except KeyError:
         raise GpuError(
             f"unknown --gpu {name!r}; choose one of {', '.join(ALL_GPU_PRESETS)}, "
-            "or give --gpu-memory-gib"
+            "or give --gpu-memory-gib X (with --gpu-arch "
+            f"{' or '.join(GPU_ARCHS)} for an AMD GPU)"
         ) from None

@@ -33,7 +33,14 @@ from typing import Any
 
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.formats import FORMATS, format_named
-from vllm_kimi_k3_moe.tools.deployment.gpus import amd_moe_backends, named_amd_arch
+from vllm_kimi_k3_moe.tools.deployment.gpus import (
+    AITER_VARIABLE,
+    XPU,
+    amd_moe_backends,
+    an_amd_gpu_named,
+    named_aiter,
+    named_amd_arch,
+)
 from vllm_kimi_k3_moe.tools.deployment.text_config import (
     main_moe_layers,
     one_layer_of_each,
@@ -248,6 +255,7 @@ def refuse_a_kernel_the_gpu_cannot_run(
     answer = kernel_on_gpu(text_config, deployment, capability, quantization_config)
     if answer.runs:
         return answer
+    _refuse_where_aiter_is_missing(text_config, deployment, gpu, quantization_config)
     running, untold = other_backends(
         text_config, deployment, capability, quantization_config
     )
@@ -261,6 +269,29 @@ def refuse_a_kernel_the_gpu_cannot_run(
         f"{deployment.online or deployment.quantization} runs on "
         f"{_in_words(running, untold) or 'none of its backends'}"
     )
+
+
+def _refuse_where_aiter_is_missing(
+    text_config: dict[str, Any],
+    deployment: Deployment,
+    gpu: str,
+    quantization_config: dict[str, Any] | None,
+) -> None:
+    """On the AMD GPU named with AITER off, where vLLM selects a kernel for
+    ``deployment``'s ``--moe-backend`` once AITER is on: a
+    ``DeploymentError`` naming the variable that turns it on."""
+    arch = named_amd_arch()
+    if arch in (None, XPU) or named_aiter():
+        return
+    with an_amd_gpu_named(arch, aiter=True):
+        with_aiter = kernel_on_gpu(text_config, deployment, None, quantization_config)
+    if with_aiter.runs:
+        raise DeploymentError(
+            f"--moe-backend {deployment.backend} needs {AITER_VARIABLE}=1 on "
+            f"{gpu}: vLLM selects its kernel ({with_aiter.kernel}) only with "
+            f"AITER on; set it where vllm serve runs (and where plan or check "
+            "run, to plan it)"
+        )
 
 
 def backend_vllm_selects_on_amd(

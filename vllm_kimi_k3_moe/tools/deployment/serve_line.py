@@ -9,14 +9,17 @@ takes them. A line of a launch over several nodes (``--nnodes``,
 to vLLM's launch rules (``nodes.validate_launch``). What is asked of the
 topology is then validated by the same rules, with the same words, as
 ``plan`` (``topology.validate_topology``,
-``validate_prefill_context_parallel``). The words are split, and a line
-that is not ``vllm serve ...`` refused, before vLLM is imported; so is a
-model that is not a local directory where the line names it plainly
+``validate_prefill_context_parallel``). ``NAME=VALUE`` words before
+``vllm serve`` are the environment the line gives the server, as a shell
+reads them (``plan`` prints AITER's switch so on an AMD GPU). The words
+are split, and a line that is not ``vllm serve ...`` refused, before vLLM
+is imported; so is a model that is not a local directory where the line names it plainly
 (``named_model``), since ``check`` reads a downloaded checkpoint.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -43,6 +46,8 @@ class ServeLine:
     quantization: str | None = None  # --quantization, as vLLM's parser read it
     # --quantization-config's JSON, as the line gives it (the last one)
     quantization_config: str | None = None
+    # the NAME=VALUE words before ``vllm serve`` (``VLLM_ROCM_USE_AITER=1``)
+    environment: tuple[tuple[str, str], ...] = ()
 
 
 def _without_line_continuations(command: str) -> str:
@@ -71,19 +76,42 @@ def _without_line_continuations(command: str) -> str:
     return "".join(kept)
 
 
-def serve_words(command: str) -> list[str]:
-    """The arguments after ``vllm serve`` (no vLLM import), the words split
-    as a shell splits them: a line continued over several (``\\`` at a
-    line's end, as ``plan`` prints a long line) is one line."""
+# a shell's variable assignment before a command: NAME=VALUE
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
+
+
+def _environment_and_words(command: str) -> tuple[dict[str, str], list[str]]:
+    """``command``'s leading ``NAME=VALUE`` words (the environment a shell
+    gives the command) and the arguments after ``vllm serve``."""
     try:
         words = shlex.split(_without_line_continuations(command))
     except ValueError as error:
         raise ServeCommandError(f"--serve-command: {error}") from None
+    environment = {}
+    while words and (assignment := _ASSIGNMENT.fullmatch(words[0])):
+        environment[assignment.group(1)] = assignment.group(2)
+        words = words[1:]
     if words[:2] != ["vllm", "serve"]:
         raise ServeCommandError(
-            f"--serve-command must start with 'vllm serve', got {command[:40]!r}"
+            "--serve-command must be 'vllm serve ...' (after any NAME=VALUE "
+            f"environment), got {command[:40]!r}"
         )
-    return words[2:]
+    return environment, words[2:]
+
+
+def serve_words(command: str) -> list[str]:
+    """The arguments after ``vllm serve`` (no vLLM import), the words split
+    as a shell splits them: a line continued over several (``\\`` at a
+    line's end, as ``plan`` prints a long line) is one line; the
+    ``NAME=VALUE`` words before it are its environment
+    (``serve_environment``)."""
+    return _environment_and_words(command)[1]
+
+
+def serve_environment(command: str) -> dict[str, str]:
+    """The ``NAME=VALUE`` words before ``vllm serve`` (``plan`` prints
+    ``VLLM_ROCM_USE_AITER=1 vllm serve ...`` where AITER is planned)."""
+    return _environment_and_words(command)[0]
 
 
 def named_model(words: list[str]) -> str | None:
@@ -116,7 +144,7 @@ def given_json(words: list[str], option: str) -> str | None:
 
 def read_serve_command(command: str) -> ServeLine:
     """``command`` read by vLLM's ``vllm serve`` parser (imports vLLM)."""
-    words = serve_words(command)
+    environment, words = _environment_and_words(command)
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -158,4 +186,5 @@ def read_serve_command(command: str) -> ServeLine:
         headless=args.headless,
         quantization=args.quantization,
         quantization_config=quantization_config,
+        environment=tuple(environment.items()),
     )

@@ -56,6 +56,7 @@ class Answers:
             asked.online_config,
             asked.capability,
             asked.amd_arch,
+            asked.aiter,
             *what,
         )
 
@@ -79,7 +80,7 @@ class Answers:
         with (
             quiet_vllm(),
             a_gpu_of_capability(self._asked.capability),
-            an_amd_gpu_named(self._asked.amd_arch),
+            an_amd_gpu_named(self._asked.amd_arch, self._asked.aiter),
         ):
             return work(self._planner)
 

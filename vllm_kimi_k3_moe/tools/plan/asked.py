@@ -11,6 +11,7 @@ nothing here, a preset's assumption) is said through the caller's ``say``.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +26,14 @@ from vllm_kimi_k3_moe.formats import (
 from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import BudgetError, GpuBudget
 from vllm_kimi_k3_moe.tools.deployment.gpus import (
+    AITER_VARIABLE,
     AMD_MOE_BACKENDS,
     XPU,
     GpuError,
     amd_moe_backends,
     an_amd_gpu_named,
     gpu_preset,
+    memory_gpu_title,
 )
 from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
     GPU_CAPABILITY,
@@ -61,7 +64,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
 )
 from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_deployment
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
-from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_enabled
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_planned
 from vllm_kimi_k3_moe.tools.plan.online_names import online_config, online_method
 
 DEFAULT_TP_SIZES = (8, 16, 32)
@@ -92,9 +95,12 @@ class PlanInput:
     capability: tuple[int, int] | None = None
     # --quantization-config, as vLLM is given it (JSON); None: not given
     online_config: str | None = None
-    # --gpu NAME's architecture where it is an AMD GPU (gfx942, gfx950):
-    # vLLM builds its AMD model there (``gpus.an_amd_gpu_named``)
+    # --gpu NAME's architecture where it is an AMD GPU (gfx942, gfx950), or
+    # --gpu-arch's: vLLM builds its AMD model there (``gpus.an_amd_gpu_named``)
     amd_arch: str | None = None
+    # AITER on there (``amd_gpu.aiter_planned``): the serve lines then carry
+    # VLLM_ROCM_USE_AITER=1
+    aiter: bool = False
 
 
 def _budget(
@@ -106,9 +112,10 @@ def _budget(
         preset = gpu_preset(args.gpu)
         memory, title = preset.memory_gib, preset.title
     elif args.gpu_memory_gib is not None:
-        # in GB, the unit of the headings it appears in (GB = 10^9 bytes)
+        # in GB, the unit of the headings it appears in (GB = 10^9 bytes),
+        # with the vendor: never NVIDIA silently
         memory = args.gpu_memory_gib
-        title = f"{memory * 2**30 / 10**9:.1f} GB"
+        title = memory_gpu_title(memory, args.gpu_arch)
     else:
         for option, value in (
             ("--gpu-memory-utilization", args.gpu_memory_utilization),
@@ -216,10 +223,10 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         quantization_title = f"BF16, --quantization {online}" + (
             "" if config is None else f" --quantization-config {config}"
         )
-    amd_arch = _amd_arch(args.gpu)
-    amd_asked = amd_arch and _amd_backend(
-        args.moe_backend, fmt.name, args.gpu, amd_arch
-    )
+    amd_arch = _amd_arch(args)
+    aiter = aiter_planned(amd_arch)
+    gpu = gpu_label(args)
+    amd_asked = amd_arch and _amd_backend(args.moe_backend, fmt.name, gpu, amd_arch)
     budget, gpu_title = _budget(args, fmt.name, say)
     validate_prefill_context_parallel(args.pcp_size)
     speculation = (
@@ -230,7 +237,7 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
     backend = args.moe_backend.lower()
     if amd_arch is not None:  # ROCm's: asked, else vLLM's own choice there
         backend = amd_asked or _amd_default(
-            text_config, fmt.name, quantization_config, args.gpu, amd_arch, say
+            text_config, fmt.name, quantization_config, gpu, amd_arch, aiter, say
         )
     if args.gpus is not None:
         explicit = [
@@ -252,7 +259,7 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
             raise DeploymentError(
                 "--gpus needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
             )
-        with an_amd_gpu_named(amd_arch):
+        with an_amd_gpu_named(amd_arch, aiter):
             validate_backend(fmt.name, backend, online)
         deployments, left_out = [], []
     else:
@@ -270,7 +277,7 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
             )
             for tp in args.tp_sizes or DEFAULT_TP_SIZES
         ]
-        with an_amd_gpu_named(amd_arch):
+        with an_amd_gpu_named(amd_arch, aiter):
             deployments, left_out = _buildable(
                 text_config, deployments, args.tp_sizes is None
             )
@@ -309,15 +316,32 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         None if args.gpu is None else GPU_CAPABILITY.get(args.gpu.lower()),
         config,
         amd_arch,
+        aiter,
     )
 
 
-def _amd_arch(gpu: str | None) -> str | None:
+def _amd_arch(args: argparse.Namespace) -> str | None:
     """Where ``--gpu`` names an AMD GPU, its architecture; an Intel one,
-    ``gpus.XPU``: where vLLM builds its AMD Kimi-K3 model. None otherwise."""
-    if gpu is None:
-        return None
-    return gpu_preset(gpu).arch
+    ``gpus.XPU``; ``--gpu-arch`` for a GPU ``--gpu-memory-gib`` gives:
+    where vLLM builds its AMD Kimi-K3 model. None otherwise (NVIDIA)."""
+    if args.gpu_arch is not None and args.gpu_memory_gib is None:
+        raise BudgetError(
+            "--gpu-arch is the architecture of a GPU --gpu-memory-gib gives"
+            + (f"; --gpu {args.gpu} has its own" if args.gpu else "")
+        )
+    if args.gpu is None:
+        return args.gpu_arch
+    return gpu_preset(args.gpu).arch
+
+
+def gpu_label(args: argparse.Namespace) -> str:
+    """How messages name the GPU asked: its preset, else its memory (and
+    architecture)."""
+    if args.gpu is not None:
+        return args.gpu
+    if args.gpu_memory_gib is None:
+        return "any GPU"
+    return f"a {args.gpu_memory_gib:g} GiB " + (args.gpu_arch or "NVIDIA") + " GPU"
 
 
 # --moe-backend's default (``cli.common``): NVIDIA's; on an AMD GPU it names
@@ -352,6 +376,7 @@ def _amd_default(
     quantization_config: dict[str, Any] | None,
     gpu: str,
     arch: str,
+    aiter: bool,
     say: Callable[[str], None],
 ) -> str:
     """The backend to plan on the AMD or Intel GPU ``gpu``: what vLLM selects
@@ -360,13 +385,13 @@ def _amd_default(
     are), said. Imports vLLM."""
 
     def ask_vllm() -> tuple[str, str | None]:
-        with quiet_vllm(), an_amd_gpu_named(arch):
+        with quiet_vllm(), an_amd_gpu_named(arch, aiter):
             return backend_vllm_selects_on_amd(
                 text_config, quantization, quantization_config
             )
 
     backend, auto_refused = remembered(
-        ("vLLM's --moe-backend auto", arch, text_config, quantization_config),
+        ("vLLM's --moe-backend auto", arch, aiter, text_config, quantization_config),
         ask_vllm,
     )
     if auto_refused is not None:
@@ -376,23 +401,27 @@ def _amd_default(
             "the first vLLM builds there, which the serve lines name"
         )
         return backend
-    aiter = (
-        ""
-        if arch == XPU
-        else (f" (AITER's MoE {'on' if _aiter_asked() else 'off, vLLM default'})")
-    )
+    said = "" if arch == XPU else f" ({_aiter_words(arch, aiter)})"
     say(
         f"plan: note: on {gpu} plan sizes --moe-backend {backend}: what vLLM "
-        f"selects there with --moe-backend auto{aiter}; the serve lines "
+        f"selects there with --moe-backend auto{said}; the serve lines "
         "name it, as a vLLM recipes report (vllm-project/recipes#838) found "
         "auto did not start Kimi-K3 on MI325X where emulation did"
     )
     return backend
 
 
-def _aiter_asked() -> bool:
-    """Whether ``VLLM_ROCM_USE_AITER`` asks for AITER, as vLLM reads it."""
-    return aiter_enabled()
+def _aiter_words(arch: str, aiter: bool) -> str:
+    """AITER's setting plan plans with, and why, in words."""
+    if AITER_VARIABLE in os.environ:
+        return f"AITER {'on' if aiter else 'off'}: {AITER_VARIABLE} is set"
+    if aiter:
+        return (
+            f"AITER on, {AITER_VARIABLE}=1, as vLLM's Kimi-K3 recipe serves "
+            f"{arch}; --moe-backend emulation or {AITER_VARIABLE}=0 for the "
+            "emulation experts"
+        )
+    return f"AITER off, vLLM's default on {arch}"
 
 
 def _quantization(

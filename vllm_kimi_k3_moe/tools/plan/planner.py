@@ -35,7 +35,10 @@ from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import KimiK3Format
 from vllm_kimi_k3_moe.patching import upstream_class
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.deployment.gpus import named_amd_arch
+from vllm_kimi_k3_moe.tools.deployment.gpus import (
+    named_amd_arch,
+    serving_environment,
+)
 from vllm_kimi_k3_moe.tools.deployment.kv_budget import KvBudget, kv_budget
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE, node_split
 from vllm_kimi_k3_moe.tools.deployment.speculation import Speculation
@@ -349,6 +352,7 @@ class Planner:
                     self.model,
                     self.gpus_per_node,
                     self.speculation and self.speculation.spec,
+                    serving_environment(),
                 )
             ),
             nodes=node_split(deployment, self.gpus_per_node),

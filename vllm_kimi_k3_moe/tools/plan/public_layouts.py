@@ -5,7 +5,8 @@ deep pipelines first; these are what vLLM's recipe and other public
 deployments run, marked beside them so the beaten path is visible. What
 each entry says comes from public sources, each entry naming its own
 (vLLM's Kimi-K3 recipe, vLLM pull request #50484, NVIDIA Dynamo's recipes,
-public benchmark sweeps);
+public benchmark sweeps; on AMD, ROCm/MAD's and SemiAnalysis InferenceX's
+benchmark recipes);
 nothing here says a layout is faster, which ``plan`` does not measure.
 Plain Python: no vLLM.
 """
@@ -68,6 +69,18 @@ PUBLIC_LAYOUTS: dict[str, tuple[PublicLayout, ...]] = {
         PublicLayout(Topology(8), f"{RECIPE}, NVIDIA Dynamo's", BLACKWELL),
         PublicLayout(Topology(8, dcp_size=8), "vLLM PR #50484", "--kv-cache-dtype fp8"),
         PublicLayout(Topology(4, dp_size=4), RECIPE, BLACKWELL),
+    ),
+    # vLLM's recipe lists MI355X as verified and serves AMD with AITER on
+    # (VLLM_ROCM_USE_AITER=1, which plan's MI355X serve lines carry) at
+    # --gpu-memory-utilization 0.95; ROCm/MAD pull request 182 and
+    # SemiAnalysis's InferenceX pull request 2351 serve the MXFP4 release as
+    # TP8 on one node of 8 MI355X, in the same environment.
+    "mi355x": (
+        PublicLayout(
+            Topology(8),
+            f"{RECIPE} (AITER on), ROCm/MAD PR 182, InferenceX PR 2351",
+            "--gpu-memory-utilization 0.95",
+        ),
     ),
     "gb200": (
         PublicLayout(Topology(4, dp_size=4), RECIPE, BLACKWELL),

@@ -167,11 +167,13 @@ def table(
     title: str | None = None,
     marked: Collection[Topology] = (),
     format_title: str = "",
+    gpu: str | None = None,
 ) -> str:
     """The default table: one row per deployment, what a person deciding
     needs (120 columns): the layout (`` *`` after those ``marked``), the
     heaviest GPU's weights as vLLM alone and with the plugin allocate them,
-    and, with a GPU size, whether each fits, the KV cache and why not."""
+    and, with a GPU size, whether each fits, the KV cache and why not.
+    ``gpu``: how the heading names the GPU (default: its size in GB)."""
     first = plans[0]
     budget, serving = first.budget, first.serving
     groups = [
@@ -206,7 +208,7 @@ def table(
         or (
             f"Kimi-K3 per GPU on {VLLM}: {format_title or d.format.title} on "
             f"{d.backend}, GB = 10^9 bytes"
-            + (f", {_gpu_gb(budget)} GB GPUs" if budget else "")
+            + (f", {gpu or f'{_gpu_gb(budget)} GB'} GPUs" if budget else "")
         ),
         "",
         *_render(groups, rows, left_last=budget is not None),

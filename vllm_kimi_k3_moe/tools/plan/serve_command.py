@@ -10,7 +10,9 @@ Over several nodes the lines are vLLM's multiprocessing launch
 ``--headless``; ``HEAD`` stands for node 0's address, which the operator
 fills in. The checkpoint's format needs no flag: vLLM reads it from the
 checkpoint's ``config.json``; a BF16 checkpoint quantized while loading gets
-its method's ``--quantization NAME``.
+its method's ``--quantization NAME``. Where the kernel planned needs a
+variable (AITER's on an AMD GPU), the line starts with it, as a shell
+sets it for the one command.
 """
 
 from __future__ import annotations
@@ -40,15 +42,19 @@ def serve_commands(
     model: str = DEFAULT_MODEL,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     speculative_config: dict[str, Any] | None = None,
+    environment: tuple[str, ...] = (),
 ) -> list[str]:
     """The ``vllm serve`` line of each node that runs ``deployment`` on
     nodes of ``gpus_per_node`` GPUs (one line on one node), served as
     ``serving`` says, at ``budget``'s ``--gpu-memory-utilization`` where
     one was given (else vLLM's default), with
-    ``--speculative-config`` as given (vLLM's JSON)."""
-    arguments = _layout_and_serving(
-        deployment, serving, budget, model, speculative_config
-    )
+    ``--speculative-config`` as given (vLLM's JSON), after the
+    ``environment`` it needs (``NAME=VALUE`` words, as a shell takes them
+    before a command: ``VLLM_ROCM_USE_AITER=1 vllm serve ...``)."""
+    arguments = [
+        *environment,
+        *_layout_and_serving(deployment, serving, budget, model, speculative_config),
+    ]
     split = node_split(deployment, gpus_per_node)
     if not split.multi_node:
         return [shlex.join(arguments)]
