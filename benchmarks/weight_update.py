@@ -4,9 +4,10 @@ release on Marlin, 4 experts 256 wide), built and cold-loaded as vLLM's loader d
 it, then updated through ``reload.inplace.reload_weights``, the
 function ``LLM.collective_rpc("reload_weights", ...)`` runs in each worker,
 then sent an update with a short tensor, which the plugin refuses, and the
-same update again whole. After the first update every tensor the experts
-hold (after Marlin prepared them) is compared byte for byte with a fresh
-load of the same weights, whose pads the plugin zeroed. Kernels'
+same update again whole. After each step every tensor the experts hold
+(after Marlin prepared them) is compared byte for byte with a fresh load of
+the weights they should hold, whose pads the plugin zeroed: after the
+refusal, the first update's. Kernels'
 compiled preparation is stood in, as the test suite does
 (``tests/models/kimi_k3/preparation``).
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 import tempfile
+import textwrap
 from collections.abc import Callable
 
 from tests.models.kimi_k3.preparation.harness import PreparationCase
@@ -55,12 +57,20 @@ def broken(weights: Weights) -> Weights:
     return {**weights, name: weights[name][: weights[name].shape[0] // 2]}
 
 
-def refusal(update: Callable[[], None]) -> str:
+def refusal(update: Callable[[], None]) -> list[str]:
+    """What ``update`` said: the refusal's message, wrapped to fit a screen."""
     try:
         update()
     except ValueError as error:
-        return f"refused: {error}"
-    return "not refused"
+        return textwrap.wrap(f"refused: {error}", width=88, subsequent_indent=" " * 13)
+    return ["not refused"]
+
+
+def compared(label: str, held: Weights, fresh: Weights, what: str) -> str:
+    wrong = differences(held, fresh)
+    if wrong:
+        return f"{label:<12} differs from a fresh load of {what}: {', '.join(wrong)}"
+    return f"{label:<12} every expert tensor as a fresh load of {what} holds it"
 
 
 def main() -> None:
@@ -76,29 +86,26 @@ def main() -> None:
     with quiet_vllm():
         vllm_kimi_k3_moe.register()
         kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
-        with served_rank(kimi_model, CASE, 1, seed=101) as fresh_load:
-            fresh = snapshot(fresh_load.experts)
+        fresh = {}
+        for version in (1, 2):
+            with served_rank(kimi_model, CASE, version, seed=100 + version) as load:
+                fresh[version] = snapshot(load.experts)
         with served_rank(kimi_model, CASE, 0, seed=1) as served:
             update = weights_of(served.layer, 1)
             lines = [f"update sends {sent(update)[0]}", *sent(update)[1:]]
             reload_weights(served, update, state)
-            wrong = differences(snapshot(served.experts), fresh)
-            lines.append(
-                "update 1     every expert tensor as a fresh load of them holds it, "
-                "byte for byte (pads zero)"
-                if not wrong
-                else f"update 1     differs from a fresh load: {', '.join(wrong)}"
-            )
+            held = snapshot(served.experts)
+            lines.append(compared("update 1", held, fresh[1], "them (pads zero)"))
             bad = broken(weights_of(served.layer, 2))
-            lines.append(
-                f"update 2     {refusal(lambda: reload_weights(served, bad, state))}"
-            )
+            said = refusal(lambda: reload_weights(served, bad, state))
+            lines.append(f"update 2     {said[0]}")
+            lines += said[1:]
+            held = snapshot(served.experts)
+            lines.append(compared("then", held, fresh[1], "update 1"))
             good = weights_of(served.layer, 2)
-            lines.append(
-                "update 2 again, whole: "
-                + refusal(lambda: reload_weights(served, good, state)).split(":")[0]
-                + " (the failed update's loads are still pending: restart)"
-            )
+            reload_weights(served, good, state)
+            held = snapshot(served.experts)
+            lines.append(compared("update 2 again, whole:", held, fresh[2], "it"))
     print("\n".join(lines))
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_MOE_FIELDS
@@ -22,7 +20,6 @@ HUGE_BYTE = 0x7F
 # Native MXFP4 (the released checkpoint, rewritten by vLLM) and the
 # compressed-tensors MXFP4 method (other compressed-tensors formats).
 MXFP4_FORMATS = (mxfp4.RELEASE.name, mxfp4.COMPRESSED_TENSORS.name)
-on_both_quantization_paths = pytest.mark.parametrize("quantization", MXFP4_FORMATS)
 
 
 def kimi_k3_text_config(*, small: bool = False, **overrides: Any) -> Any:

@@ -24,7 +24,6 @@ from typing import Any
 
 from tests.models.kimi_k3.kimi_k3_formats import QUANTIZATION_CONFIGS
 from tests.models.kimi_k3.preparation import stand_ins
-from tests.models.kimi_k3.test_never_worse_matrix import TOPOLOGIES, Built, outcome
 from vllm_kimi_k3_moe.formats import (
     CheckpointFormat,
     FormatError,
@@ -310,6 +309,10 @@ def representatives(
     ``backend`` over the never-worse matrix's topologies (rank 0's choice,
     built on the meta device, as the matrix builds it: once a session);
     where vLLM refuses a topology, none."""
+    # a test module, imported here only: what runs outside pytest (the
+    # benchmarks) builds from this file without pytest installed
+    from tests.models.kimi_k3.test_never_worse_matrix import TOPOLOGIES, Built, outcome
+
     found: dict[tuple[Any, ...], PreparationCase] = {}
     for topology in TOPOLOGIES:
         built = outcome(format_experts, config, backend, topology)

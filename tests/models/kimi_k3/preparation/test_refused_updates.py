@@ -5,11 +5,7 @@ layer of the model is left on ``meta``; then B whole lands as a fresh load of
 B, and A again as a fresh load of A. Through vLLM's own update paths
 (``updates.PATHS``), uninitialised memory random. In vLLM's direct mode, which
 keeps no previous weights, the refusal says the model must not serve, and the
-next whole update lands right.
-
-vLLM alone, on the same cases (not asserted here: it is vLLM's behaviour, kept
-in ``docs/rl-and-eplb.md``): 0.34 takes the short tensor without a word; 0.33
-raises in its loader's copy and leaves the layer on ``meta``."""
+next whole update lands right."""
 
 from __future__ import annotations
 

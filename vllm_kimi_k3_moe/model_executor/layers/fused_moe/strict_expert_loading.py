@@ -296,8 +296,7 @@ class StrictExpertLoading:
         raise ValueError(
             f"Kimi-K3 weight update refused: tensor "
             f"{self.sent_name(expert_slice)} (expert {expert_slice.expert_id}, "
-            f"vLLM's {self.checkpoint_name(expert_slice)}, loaded into "
-            f"{weight_name}) {' and '.join(what)} in {self.format_name}. "
+            f"into {weight_name}) {' and '.join(what)} in {self.format_name}. "
             f"{what_the_engine_holds(put_back)}"
         )
 
