@@ -36,6 +36,7 @@ lands; the next one repairs it (``begin`` again, ``finish`` prepares it).
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from dataclasses import dataclass, field
@@ -67,8 +68,6 @@ def direct_mode() -> bool:
 def put_back_open_layers() -> PutBack:
     """Give every layer an update left open its kernel tensors back and
     close its reload state (see the module docstring)."""
-    import importlib
-
     if direct_mode():
         return PutBack(direct=True)
     layerwise = importlib.import_module(_LAYERWISE)
