@@ -113,7 +113,7 @@ def what_the_engine_holds(put_back: PutBack) -> str:
         if hasattr(layer, "kimi_k3_expert_loading")
     )
     others = len(put_back.layers) - len(numbers)
-    moe = f"Kimi-K3 MoE layer{'s' if len(numbers) != 1 else ''} {_spans(numbers)}"
+    moe = f"Kimi-K3 MoE layer{'s' if len(numbers) != 1 else ''} {spans(numbers)}"
     held = f"{moe} and {others} other layers" if others else moe
     return (
         f"Nothing of it was written. The engine serves on: {held} this update "
@@ -128,7 +128,7 @@ def _layer_number(layer_name: str) -> int:
     return int(found.group(1)) if found else -1
 
 
-def _spans(numbers: list[int]) -> str:
+def spans(numbers: list[int]) -> str:
     """``[1, 2, 3, 5]`` as ``1-3, 5``."""
     spans: list[list[int]] = []
     for number in numbers:

@@ -141,11 +141,12 @@ def test_mxfp4_marlin_refused_update_then_whole_ones(
 def test_every_format_refused_update_then_whole_ones(
     kimi_model, reload_mode, config, backend
 ) -> None:
-    """FP8 in blocks, NVFP4 and INT4 in groups of 128, on the last GPU of
-    TP32, through the public ``reload_weights``. (A method quantizing BF16
+    """FP8 in blocks, NVFP4 and INT4 in groups of 128, on the first GPU of
+    TP32 (with whole groups of 128 rows, GPUs 24 to 31 hold none of FP8's and
+    INT4's), through the public ``reload_weights``. (A method quantizing BF16
     while it loads has no tensor contract: the plugin refuses nothing
     there.)"""
     reload_mode("reload_weights")
-    case = PreparationCase(config, backend, TP32, 31)
+    case = PreparationCase(config, backend, TP32, 0)
     problems = refused_then_whole(kimi_model, case, "reload_weights", "last")
     assert not problems, "\n".join(problems)

@@ -123,7 +123,7 @@ def _kernel_on_cpu(served: ServedRank) -> Iterator[None]:
 def served_rank(
     kimi_model: ModuleType,
     case: PreparationCase,
-    weights: int = 0,
+    weights: int | Weights = 0,
     online: OnlineQuantization | None = None,
     seed: int = 0,
     redundant_experts: int = 0,
@@ -131,7 +131,8 @@ def served_rank(
 ) -> Iterator[ServedRank]:
     """``case``'s GPU built through the ``KimiMoE`` vLLM's model module holds
     now (the plugin's, or vLLM alone's), cold-loaded with version
-    ``weights`` and prepared for its kernel; posing as that rank for the
+    ``weights`` (a version of ``weights_of``, or the tensors themselves) and
+    prepared for its kernel; posing as that rank for the
     block, uninitialised memory random (``seed``) throughout. With
     ``redundant_experts``: ``--enable-eplb`` with that many redundant
     experts (``ParallelConfig`` refuses EPLB off a CUDA platform, so its
@@ -171,7 +172,9 @@ def served_rank(
                 model.load_weights = functools.partial(_load_weights, model, wrapper)
                 experts = routed_experts(kimi_moe(model))
                 served = ServedRank(model, experts, vllm_config, layer)
-                model.load_weights(weights_of(layer, weights).items())
+                if isinstance(weights, int):
+                    weights = weights_of(layer, weights)
+                model.load_weights(weights.items())
             with _kernel_on_cpu(served):
                 prepare_for_kernel(served)
             yield served

@@ -52,7 +52,9 @@ How
     in an update first gives every layer the update left open the kernel
     tensors it held (``model_loader.refused_update``), so the refusal
     leaves the engine serving, and its message names the tensor as the
-    caller sent it and says what the engine holds now.
+    caller sent it and says what the engine holds now. What an update hands
+    the loaders is recorded, and the layer's preparation after it keeps
+    what it did not send (``partial_updates``).
 Related PR
     None upstream: vLLM's generic loader has the same gap for every MoE model;
     this plugin closes it for Kimi-K3, whose 1.5-2.8 TB checkpoints make a
@@ -88,10 +90,18 @@ from vllm_kimi_k3_moe.formats.layouts import (
     TensorContract,
     safetensors_dtype,
 )
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partial_updates import (
+    Sent,
+    check_before_preparing,
+    delivery,
+    keep_unsent,
+    layerwise_kernel_tensors,
+)
 from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
     checkpoint_key_of,
 )
 from vllm_kimi_k3_moe.model_executor.model_loader.refused_update import (
+    direct_mode,
     name_as_sent,
     put_back_open_layers,
     what_the_engine_holds,
@@ -188,6 +198,8 @@ class StrictExpertLoading:
         # (projection, suffix) of every checkpoint tensor an expert has here
         self.expert_tensors: list[tuple[str, str]] = []
         self.written: set[ExpertSlice] = set()
+        # what the in-place update under way handed the loaders on memory
+        self.sent = Sent()
         # Until the layer is first prepared for its kernel (vLLM's cold
         # start), every expert tensor must arrive once; after it, loads are
         # in-place updates (``check_complete``).
@@ -245,6 +257,8 @@ class StrictExpertLoading:
             )
             if local:
                 self.written.add(expert_slice)
+            elif not (self.cold_start or param.is_meta) and self.is_local(expert_id):
+                self.sent.tensors.add((expert_id, shard_id, suffix))
             return result
 
         return weight_loader
@@ -316,6 +330,30 @@ class StrictExpertLoading:
 
     def missing(self) -> list[ExpertSlice]:
         return sorted(self.expected_slices() - self.written)
+
+    def prepare_update(
+        self, layer: nn.Module, process_weights: Callable[[nn.Module], None]
+    ) -> None:
+        """Prepare the layer for its kernel after an in-place update, keeping
+        what the update did not send (``partial_updates``)."""
+        sent, self.sent = self.sent, Sent()
+        previous = layerwise_kernel_tensors(layer)
+        in_direct_mode = previous is None and direct_mode()
+        if previous is None and not in_direct_mode:
+            process_weights(layer)
+            return
+        experts = self.experts
+        local = {
+            expert: experts._map_global_expert_id_to_local_expert_id(expert)
+            for expert in range(experts.global_num_experts)
+            if self.is_local(expert)
+        }
+        found = delivery(sent, local, self.expert_tensors)
+        name = self.sent_prefix.rstrip(".")
+        check_before_preparing(name, sent, found, in_direct_mode)
+        process_weights(layer)
+        if previous is not None:
+            keep_unsent(layer, name, previous, found, local)
 
     def end_cold_start(self) -> None:
         """The cold start is over (the layer is about to be prepared for its
@@ -413,7 +451,9 @@ def _install(
     def process_weights_after_loading(layer: nn.Module) -> None:
         if loading.cold_start:
             loading.end_cold_start()
-        process_weights(layer)
+            process_weights(layer)
+        else:
+            loading.prepare_update(layer, process_weights)
 
     quant_method.process_weights_after_loading = process_weights_after_loading
     experts.kimi_k3_expert_loading = loading
