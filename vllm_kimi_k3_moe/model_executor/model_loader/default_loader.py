@@ -1,4 +1,5 @@
-"""Kimi-K3 loading errors name the checkpoint's own tensor keys.
+"""Kimi-K3 loading errors name the checkpoint's own tensor keys; an update
+from a checkpoint directory is held to its shard headers first.
 
 Patch ledger entry
 ------------------
@@ -8,13 +9,17 @@ Replaces
     yields, unchanged and in order; or what another wrapper installed before
     the plugin yields: it calls whatever the class held).
 Why
-    By the time a tensor reaches an expert parameter's ``weight_loader``,
+    A malformed checkpoint an update loads from disk should change nothing;
+    the loaders see its tensors one by one. And by the time a tensor
+    reaches an expert parameter's ``weight_loader``,
     vLLM has renamed it twice (the model's ``hf_to_vllm_mapper``:
     ``language_model.layers.`` -> ``language_model.model.layers.``; native
     MXFP4: ``.weight_packed`` -> ``.weight``). An error naming the renamed
     tensor sends an operator looking for a key the checkpoint's index does
     not have.
 How
+    An in-place update from a checkpoint directory is first held to its
+    shard headers, before the first tensor is read (``update_headers``).
     The wrapper remembers the last (key, tensor) it yielded. Loading is one
     pass over that generator, and vLLM hands each expert tensor object on to
     its ``weight_loader`` before asking for the next, so the strict expert
@@ -41,6 +46,11 @@ from collections.abc import Callable, Generator
 from types import ModuleType
 from typing import Any
 
+from torch import nn
+
+from vllm_kimi_k3_moe.model_executor.model_loader.update_headers import (
+    hold_update_to_headers,
+)
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
 
 # What the patch replaces (``vllm_kimi_k3_moe.verification``).
@@ -77,6 +87,10 @@ def _remembering_keys(own: Callable) -> Callable:
     def get_all_weights(
         self: Any, *args: Any, **kwargs: Any
     ) -> Generator[Any, None, None]:
+        model_config = kwargs.get("model_config", args[0] if args else None)
+        model = kwargs.get("model", args[1] if len(args) > 1 else None)
+        if isinstance(model, nn.Module):  # before the first tensor is read
+            hold_update_to_headers(model_config, model)
         try:
             # what it yields, as it yields it: a (key, tensor) remembered,
             # anything else another wrapper yields handed on as it is

@@ -95,9 +95,9 @@ def _update_no_longer_active() -> None:
         lifecycle._weight_update_active = False
 
 
-def what_the_engine_holds(put_back: PutBack) -> str:
+def what_the_engine_holds(put_back: PutBack, remedy: str) -> str:
     """The end of a refusal's message: what the model holds now, and what
-    to do."""
+    to do (``remedy``, where the engine serves on)."""
     if put_back.direct:
         return (
             "vLLM's direct reload (VLLM_RELOAD_MODE=direct) keeps no previous "
@@ -118,8 +118,8 @@ def what_the_engine_holds(put_back: PutBack) -> str:
     return (
         f"Nothing of it was written. The engine serves on: {held} this update "
         "had not finished hold the weights they held before it, in the same "
-        "memory; layers it finished before this tensor hold the update. Send "
-        "the update again with this tensor whole (no restart needed)."
+        f"memory; layers it finished before hold the update. {remedy} (no "
+        "restart needed)."
     )
 
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 
 from vllm_kimi_k3_moe.formats import CheckpointFormat, published_checkpoint_formats
+from vllm_kimi_k3_moe.formats.safetensors_headers import HeaderTensor
 from vllm_kimi_k3_moe.tools.check.layout import (
     CONFIG_FILE,
     MULTIMODAL_PREFIX,
     TEXT_ONLY_PREFIX,
     KimiK3Layout,
 )
-from vllm_kimi_k3_moe.tools.check.safetensors_headers import HeaderTensor
 
 SAMPLED_LAYERS = 8  # spread over the MoE layers; the first and last expert of each
 

@@ -26,6 +26,12 @@ from vllm_kimi_k3_moe.formats.adapters import ADAPTERS
 from vllm_kimi_k3_moe.formats.bf16 import BF16, TENSORS
 from vllm_kimi_k3_moe.formats.layouts import TensorContract
 from vllm_kimi_k3_moe.formats.record import CheckpointFormat
+from vllm_kimi_k3_moe.formats.safetensors_headers import (
+    CheckpointDirError,
+    CheckpointTensors,
+    HeaderTensor,
+    read_checkpoint_tensors,
+)
 from vllm_kimi_k3_moe.tools.check.layout import (
     KimiK3Layout,
     PreflightInputError,
@@ -37,12 +43,6 @@ from vllm_kimi_k3_moe.tools.check.problems import ProblemLog
 from vllm_kimi_k3_moe.tools.check.pruned_layers import (
     PRUNED_PER_LAYER_FIX,
     pruned_per_layer,
-)
-from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
-    CheckpointDirError,
-    CheckpointTensors,
-    HeaderTensor,
-    read_checkpoint_tensors,
 )
 from vllm_kimi_k3_moe.tools.check.sharding import (
     GpuShare,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from vllm_kimi_k3_moe.formats.safetensors_headers import HeaderTensor
 from vllm_kimi_k3_moe.tools.check.layout import KimiK3Layout
-from vllm_kimi_k3_moe.tools.check.safetensors_headers import HeaderTensor
 
 # What the verdict asks for instead of the declared-format fix.
 PRUNED_PER_LAYER_FIX = "prune every MoE layer to the same expert count"

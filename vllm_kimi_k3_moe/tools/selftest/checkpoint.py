@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any
 from safetensors import safe_open
 
 from vllm_kimi_k3_moe.formats import CheckpointFormat
+from vllm_kimi_k3_moe.formats.safetensors_headers import (
+    INDEX_FILE,
+    CheckpointDirError,
+    read_checkpoint_tensors,
+    read_header,
+)
 from vllm_kimi_k3_moe.tools.check.layout import (
     MODELOPT_CONFIG_FILE,
     MULTIMODAL_PREFIX,
     KimiK3Layout,
     PreflightInputError,
     read_layout,
-)
-from vllm_kimi_k3_moe.tools.check.safetensors_headers import (
-    INDEX_FILE,
-    CheckpointDirError,
-    read_checkpoint_tensors,
-    read_header,
 )
 from vllm_kimi_k3_moe.tools.selftest.shape import MoeShape
 

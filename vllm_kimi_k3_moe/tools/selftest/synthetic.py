@@ -25,7 +25,7 @@ from vllm_kimi_k3_moe.formats.layouts import (
     TORCH_DTYPE_NAMES,
     safetensors_dtype,
 )
-from vllm_kimi_k3_moe.tools.check.safetensors_headers import INDEX_FILE
+from vllm_kimi_k3_moe.formats.safetensors_headers import INDEX_FILE
 from vllm_kimi_k3_moe.tools.selftest import dequantize, reference
 from vllm_kimi_k3_moe.tools.selftest.checkpoint import expert_key
 from vllm_kimi_k3_moe.tools.selftest.shape import MoeShape

@@ -20,6 +20,7 @@ from tests.models.kimi_k3.preparation.updates import (
     PATHS,
     Weights,
     differences,
+    reload_from_disk,
     served_rank,
     snapshot,
     weights_of,
@@ -150,3 +151,44 @@ def test_every_format_refused_update_then_whole_ones(
     case = PreparationCase(config, backend, TP32, 0)
     problems = refused_then_whole(kimi_model, case, "reload_weights", "last")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("sent", "says"),
+    [
+        (lambda w: cut_short(w, "first"), "has shape"),
+        (lambda w: cut_short(w, "last"), "has shape"),
+        (
+            lambda w: {n: t for n, t in w.items() if ".w3." not in n},
+            "w13 without w3.weight_packed, w3.weight_scale",
+        ),
+    ],
+    ids=["first cut short", "last cut short", "w1 without w3"],
+)
+def test_a_checkpoint_directory_is_refused_by_its_headers(
+    kimi_model, reload_mode, sent, says
+) -> None:
+    """``reload_weights(weights_path=...)``: a directory holding a short
+    tensor, or w1 without w3, is refused before any tensor is read (nothing
+    on ``meta``, every expert tensor A's in the same storage), the message
+    naming the shard; then the directory of B whole lands as a fresh load."""
+    reload_mode("reload_weights")
+    case = PreparationCase("mxfp4", "marlin", TP32, 31)
+    with served_rank(kimi_model, case, 1, seed=101) as fresh_b:
+        expected_b = snapshot(fresh_b.experts)
+    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-refused-")}
+    with served_rank(kimi_model, case, 0, seed=1) as served:
+        a, storage = snapshot(served.experts), storage_of(served.experts)
+        with pytest.raises(ValueError) as refused:
+            reload_from_disk(served, sent(weights_of(served.layer, 1)), state)
+        message = str(refused.value)
+        assert "refused before any tensor was written, by its shard headers" in (
+            message
+        )
+        assert says in message, message
+        assert "has shape" not in says or "(in model.safetensors)" in message
+        assert not [n for n, t in served.model.named_parameters() if t.is_meta]
+        assert not differences(snapshot(served.experts), a)
+        assert storage_of(served.experts) == storage
+        reload_from_disk(served, weights_of(served.layer, 1), state)
+        assert not differences(snapshot(served.experts), expected_b)

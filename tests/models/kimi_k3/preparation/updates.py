@@ -296,6 +296,27 @@ def eplb_recovery(served: ServedRank, weights: Weights, state: dict) -> None:
         )
 
 
+def reload_from_disk(served: ServedRank, weights: Weights, state: dict) -> None:
+    """The public entry with a directory the trainer saved
+    (``collective_rpc("reload_weights", kwargs={"weights_path": ...})``):
+    vLLM reads it with its default loader, through the plugin's patch."""
+    from vllm.model_executor.model_loader.reload.inplace import (
+        reload_weights as vllm_reload_weights,
+    )
+
+    directory = Path(state["directory"]) / f"v{len(state.setdefault('written', []))}"
+    _write_checkpoint(served.layer.model_dir, directory, weights)
+    state["written"].append(directory)
+    with _kernel_on_cpu(served):
+        vllm_reload_weights(
+            served.vllm_config,
+            served.model,
+            None,
+            weights_path=str(directory),
+            is_checkpoint_format=True,
+        )
+
+
 def _write_checkpoint(model_dir: Path, directory: Path, weights: Weights) -> None:
     """A checkpoint directory of ``weights``: ``model_dir``'s files and one
     safetensors shard."""

@@ -119,7 +119,7 @@ def refuse(layer_name: str, why: str) -> None:
     put_back = put_back_open_layers()
     raise ValueError(
         f"Kimi-K3 weight update refused: layer {layer_name} {why}. "
-        f"{what_the_engine_holds(put_back)}"
+        + what_the_engine_holds(put_back, "Send the update again with each unit whole")
     )
 
 

@@ -287,6 +287,25 @@ class StrictExpertLoading:
         breaches = contract.breaches(tuple(loaded_weight.shape), dtype)
         if not breaches:
             return
+        what = self.describe(breaches, loaded_weight.dtype)
+        if self.cold_start:
+            raise ValueError(
+                f"Kimi-K3 checkpoint tensor {self.checkpoint_name(expert_slice)} "
+                f"(expert {expert_slice.expert_id}, loaded into {weight_name}) "
+                f"{what}; nothing was written."
+            )
+        put_back = put_back_open_layers()
+        raise ValueError(
+            f"Kimi-K3 weight update refused: tensor "
+            f"{self.sent_name(expert_slice)} (expert {expert_slice.expert_id}, "
+            f"into {weight_name}) {what}. "
+            + what_the_engine_holds(
+                put_back, "Send the update again with this tensor whole"
+            )
+        )
+
+    def describe(self, breaches: list[Any], torch_dtype: Any = None) -> str:
+        """What a tensor's ``breaches`` of its contract are, in words."""
         what = []
         for breach in breaches:
             if breach.kind == "shape":
@@ -296,23 +315,11 @@ class StrictExpertLoading:
                     f"hidden size {self.hidden_size}"
                 )
             else:
-                what.append(
-                    f"has dtype {breach.found} ({loaded_weight.dtype}), expected "
-                    f"{breach.expected}"
+                found = (
+                    f"{breach.found} ({torch_dtype})" if torch_dtype else breach.found
                 )
-        if self.cold_start:
-            raise ValueError(
-                f"Kimi-K3 checkpoint tensor {self.checkpoint_name(expert_slice)} "
-                f"(expert {expert_slice.expert_id}, loaded into {weight_name}) "
-                f"{' and '.join(what)} in {self.format_name}; nothing was written."
-            )
-        put_back = put_back_open_layers()
-        raise ValueError(
-            f"Kimi-K3 weight update refused: tensor "
-            f"{self.sent_name(expert_slice)} (expert {expert_slice.expert_id}, "
-            f"into {weight_name}) {' and '.join(what)} in {self.format_name}. "
-            f"{what_the_engine_holds(put_back)}"
-        )
+                what.append(f"has dtype {found}, expected {breach.expected}")
+        return f"{' and '.join(what)} in {self.format_name}"
 
     def sent_name(self, expert_slice: ExpertSlice) -> str:
         """The slice's name as the caller of an update sends it: the
