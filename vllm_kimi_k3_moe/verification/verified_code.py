@@ -27,12 +27,13 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "9dad8e1e13903aa6",
+            "digest": "ddf2b89591c4cf36",
             "signatures": [
                 "412e4ca687f1",
                 "7ea6aa402c6f",
                 "1fdb5217538c",
                 "aad038ca182e",
+                "169325be6e20",
                 "f4ca892d9e9f",
             ],
         },
@@ -64,12 +65,13 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "f9c2189c488379bc",
+            "digest": "f22bf16740db96df",
             "signatures": [
                 "412e4ca687f1",
                 "7ea6aa402c6f",
                 "8b7459f79cb0",
                 "aad038ca182e",
+                "169325be6e20",
                 "f4ca892d9e9f",
             ],
         },

@@ -13,6 +13,7 @@ end with those tensors prepared from materialised memory (zeros on 0.34)."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ from tests.models.kimi_k3.preparation.updates import (
     weights_of,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
 
 TP8, TP32 = Topology(8), Topology(32)
 
@@ -65,12 +67,16 @@ CASES: dict[
 
 
 def sent_in_parts(
-    kimi_model: Any, case: PreparationCase, path: str, name: str
+    kimi_model: Any,
+    case: PreparationCase,
+    path: str,
+    name: str,
+    online: OnlineQuantization | None = None,
 ) -> list[str]:
     """A, then B in the parts ``CASES[name]`` sends through ``path``: what
     differs from a fresh load of the mixture; then B whole."""
     updates, holds_b = CASES[name]
-    with served_rank(kimi_model, case, 0, seed=1) as served:
+    with served_rank(kimi_model, case, 0, online, seed=1) as served:
         a, b = weights_of(served.layer, 0), weights_of(served.layer, 1)
         storage = storage_of(served.experts)
         state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-partial-")}
@@ -81,9 +87,9 @@ def sent_in_parts(
         PATHS[path](served, b, state)
         then_b = snapshot(served.experts)
     mixture = {n: (b if holds_b(*_expert_and_projection(n)) else a)[n] for n in a}
-    with served_rank(kimi_model, case, mixture, seed=7) as fresh:
+    with served_rank(kimi_model, case, mixture, online, seed=7) as fresh:
         expected = snapshot(fresh.experts)
-    with served_rank(kimi_model, case, 1, seed=8) as fresh:
+    with served_rank(kimi_model, case, 1, online, seed=8) as fresh:
         expected_b = snapshot(fresh.experts)
     problems = []
     if wrong := differences(held, expected):
@@ -137,6 +143,21 @@ def test_every_format_partial_updates_keep_the_rest(
     problems = []
     for name in CASES:
         problems += sent_in_parts(kimi_model, case, "reload_weights", name)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_method_quantizing_while_it_loads_keeps_the_rest(
+    kimi_model, reload_mode
+) -> None:
+    """BF16 trainer weights sent in part into a model quantized to FP8 in
+    blocks while it loaded (``{"moe": "fp8_per_block"}``, Triton), the first
+    GPU of TP32: quantized as they arrive, the rest kept."""
+    reload_mode("reload_weights")
+    online = OnlineQuantization("online", json.dumps({"moe": "fp8_per_block"}))
+    case = PreparationCase("bf16", "triton", TP32, 0)
+    problems = []
+    for name in CASES:
+        problems += sent_in_parts(kimi_model, case, "reload_weights", name, online)
     assert not problems, "\n".join(problems)
 
 

@@ -9,6 +9,7 @@ next whole update lands right."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from typing import Any
 
@@ -26,6 +27,7 @@ from tests.models.kimi_k3.preparation.updates import (
     weights_of,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
+from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
 
 TP8, TP32 = Topology(8), Topology(32)
 TP8_EP = Topology(8, expert_parallel=True)
@@ -66,15 +68,16 @@ def refused_then_whole(
     case: PreparationCase,
     path: str,
     which: str,
+    online: OnlineQuantization | None = None,
 ) -> list[str]:
     """A, B cut short (refused), B whole, A again through ``path``: what
     went otherwise than stated in the module docstring."""
     direct = path == "direct"
-    with served_rank(kimi_model, case, 1, seed=101) as fresh_b:
+    with served_rank(kimi_model, case, 1, online, seed=101) as fresh_b:
         fresh = {1: snapshot(fresh_b.experts)}
     problems = []
     state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-refused-")}
-    with served_rank(kimi_model, case, 0, seed=1) as served:
+    with served_rank(kimi_model, case, 0, online, seed=1) as served:
         fresh[0] = snapshot(served.experts)
         storage = storage_of(served.experts)
         with pytest.raises(ValueError) as refused:
@@ -144,9 +147,7 @@ def test_every_format_refused_update_then_whole_ones(
 ) -> None:
     """FP8 in blocks, NVFP4 and INT4 in groups of 128, on the first GPU of
     TP32 (with whole groups of 128 rows, GPUs 24 to 31 hold none of FP8's and
-    INT4's), through the public ``reload_weights``. (A method quantizing BF16
-    while it loads has no tensor contract: the plugin refuses nothing
-    there.)"""
+    INT4's), through the public ``reload_weights``."""
     reload_mode("reload_weights")
     case = PreparationCase(config, backend, TP32, 0)
     problems = refused_then_whole(kimi_model, case, "reload_weights", "last")
@@ -192,3 +193,15 @@ def test_a_checkpoint_directory_is_refused_by_its_headers(
         assert storage_of(served.experts) == storage
         reload_from_disk(served, weights_of(served.layer, 1), state)
         assert not differences(snapshot(served.experts), expected_b)
+
+
+@pytest.mark.parametrize("path", _paths()[:2])
+def test_a_method_quantizing_while_it_loads(kimi_model, reload_mode, path) -> None:
+    """BF16 trainer weights into a model quantized to FP8 in blocks while it
+    loaded (``{"moe": "fp8_per_block"}``, Triton), a GPU of TP32: held to the
+    BF16 checkpoint's contract, refused, then the whole ones land."""
+    reload_mode(path)
+    online = OnlineQuantization("online", json.dumps({"moe": "fp8_per_block"}))
+    case = PreparationCase("bf16", "triton", TP32, 0)
+    problems = refused_then_whole(kimi_model, case, path, "last", online)
+    assert not problems, "\n".join(problems)

@@ -75,10 +75,12 @@ def zero_fresh_tensors_before_loading(layer: torch.nn.Module) -> None:
         _know(param)
         own = getattr(param, "weight_loader", None)
         if own is not None:
-            param.weight_loader = _zeroing_first(own)
+            param.weight_loader = zeroing_first(own)
 
 
-def _zeroing_first(own: Callable[..., Any]) -> Callable[..., Any]:
+def zeroing_first(own: Callable[..., Any]) -> Callable[..., Any]:
+    """``own``, zeroing a tensor not known here before its first write."""
+
     @functools.wraps(own)
     def weight_loader(param: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if not param.is_meta and not _known(param):

@@ -84,12 +84,17 @@ import torch
 from torch import nn
 
 from vllm_kimi_k3_moe.formats import KimiK3Format, format_of_method
+from vllm_kimi_k3_moe.formats.bf16 import BF16
 from vllm_kimi_k3_moe.formats.layouts import (
     PARAMETER_PROJECTIONS,
     ExpertTensors,
     TensorContract,
     safetensors_dtype,
 )
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.fresh_tensors import (
+    zeroing_first,
+)
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partial_updates import (
     Sent,
     check_before_preparing,
@@ -123,8 +128,13 @@ TARGETS = (
     # update opened, their set-aside kernel tensors and vLLM's own way back
     "vllm.model_executor.model_loader.reload.layerwise:initialize_layerwise_reload",
     "vllm.model_executor.model_loader.reload.layerwise:_place_kernel_tensors",
+    # a method quantizing while it loads: its loaders wrapped around the strict
+    "vllm.model_executor.model_loader.reload.layerwise:initialize_online_processing",
     "vllm.model_executor.model_loader.reload.types:LayerReloadingInfo.reset",
 )
+
+# the name of vLLM's layerwise loading wrapper (``reload/layerwise.py``)
+ONLINE_LOADER = "online_process_loader"
 
 # Expert parameters: "w13_weight_packed" -> (w13, weight_packed)
 _EXPERT_PARAMETER = re.compile(r"(w13|w2)_(\w+)")
@@ -424,7 +434,9 @@ def make_expert_loading_strict(
 
     for experts in kimi_moe.modules():
         if isinstance(experts, RoutedExperts):
-            known = expert_layouts(experts.quant_method)
+            method = experts.quant_method
+            # a method quantizing while it loads takes the BF16 checkpoint's
+            known = expert_layouts(method, BF16 if is_online(method) else None)
             if known is not None:
                 tensors, checkpoint_suffixes = known
                 loading = StrictExpertLoading(
@@ -442,6 +454,7 @@ def _install(
     loading: StrictExpertLoading,
     checkpoint_suffixes: dict[str, str],
 ) -> None:
+    online = False
     for name, param in experts.named_parameters(recurse=False):
         match = _EXPERT_PARAMETER.fullmatch(name)
         if match is None or match.group(2) not in checkpoint_suffixes:
@@ -450,7 +463,25 @@ def _install(
         suffix = checkpoint_suffixes[parameter_suffix]
         projections = PARAMETER_PROJECTIONS[stem]
         loading.expert_tensors += [(projection, suffix) for projection in projections]
-        param.weight_loader = loading.loader_for(suffix, param.weight_loader)
+        own = param.weight_loader
+        if getattr(own, "__name__", "") != ONLINE_LOADER:
+            param.weight_loader = loading.loader_for(suffix, own)
+            continue
+        # A method quantizing while it loads: vLLM wrapped the loader to
+        # buffer what arrives (``online_process_loader``, the zeroing of
+        # fresh tensors around it, both unwrapped by that name when vLLM
+        # replays). The strict loader goes next to the original, the zeroing
+        # around it, and vLLM wraps the pair anew (its own call).
+        while getattr(own, "__name__", "") == ONLINE_LOADER:
+            own = own.__wrapped__
+        param.weight_loader = zeroing_first(loading.loader_for(suffix, own))
+        online = True
+    if online:
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            initialize_online_processing,
+        )
+
+        initialize_online_processing(experts)
 
     quant_method = experts.quant_method
     process_weights = quant_method.process_weights_after_loading
