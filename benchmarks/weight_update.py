@@ -1,14 +1,15 @@
 """What an RL framework's weight update does to one GPU of a Kimi-K3 server
 with the plugin, on the CPU: the MoE layer GPU 31 of TP32 holds (the MXFP4
-release on Marlin, 4 experts 256 wide), built and cold-loaded as vLLM's loader does
-it, then updated through ``reload.inplace.reload_weights``, the
-function ``LLM.collective_rpc("reload_weights", ...)`` runs in each worker,
-then sent an update with a short tensor, which the plugin refuses, and the
-same update again whole. After each step every tensor the experts hold
-(after Marlin prepared them) is compared byte for byte with a fresh load of
-the weights they should hold, whose pads the plugin zeroed: after the
-refusal, the first update's. Kernels'
-compiled preparation is stood in, as the test suite does
+release on Marlin, 4 experts 256 wide), built and cold-loaded as vLLM's
+loader does it, then updated through ``reload.inplace.reload_weights``, the
+function ``LLM.collective_rpc("reload_weights", ...)`` runs in each worker;
+then sent an update with a short tensor, which the plugin refuses, the same
+update again whole, and an update of two experts only. After each step every
+tensor the experts hold (after Marlin prepared them) is compared byte for
+byte with a fresh load of the weights they should hold, whose pads the
+plugin zeroed: after the refusal, the first update's; after the update of
+two experts, theirs and the others' from before. Kernels' compiled
+preparation is stood in, as the test suite does
 (``tests/models/kimi_k3/preparation``).
 
     python -m benchmarks.weight_update        # from the checkout, about a minute
@@ -106,7 +107,26 @@ def main() -> None:
             reload_weights(served, good, state)
             held = snapshot(served.experts)
             lines.append(compared("update 2 again, whole:", held, fresh[2], "it"))
+            three = weights_of(served.layer, 3)
+            mixture = {n: (three if _expert(n) in (1, 2) else good)[n] for n in good}
+            reload_weights(
+                served, {n: three[n] for n in three if _expert(n) in (1, 2)}, state
+            )
+            held = snapshot(served.experts)
+        with served_rank(kimi_model, CASE, mixture, seed=103) as load:
+            lines.append(
+                compared(
+                    "update 3, experts 1 and 2 only:",
+                    held,
+                    snapshot(load.experts),
+                    "them and of update 2's experts 0 and 3",
+                )
+            )
     print("\n".join(lines))
+
+
+def _expert(name: str) -> int:
+    return int(name.rsplit(".", 3)[1])
 
 
 if __name__ == "__main__":
