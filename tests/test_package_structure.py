@@ -139,6 +139,37 @@ def test_the_tools_wings_never_import_the_command_line() -> None:
     assert offending == []
 
 
+def _wing(name: str, wings: list[str]) -> str | None:
+    return next((w for w in wings if name == w or name.startswith(f"{w}.")), None)
+
+
+def test_no_two_tool_packages_import_each_other() -> None:
+    """The tools' packages depend one way: ``deployment`` (a deployment
+    described in plain Python) below ``meta_rank`` (vLLM's model built on
+    ``meta`` for it), both below ``plan``, ``check`` and ``selftest``, all
+    below ``cli``. Deferred imports count as much as the module's own."""
+    known = modules()
+    wings = sorted(
+        f"{TOOLS}.{path.name}"
+        for path in (REPO / PACKAGE / "tools").iterdir()
+        if (path / "__init__.py").exists()
+    )
+    edges: dict[tuple[str, str], str] = {}
+    for name, path in known.items():
+        source = _wing(name, wings)
+        for target, _ in imports(name, path, known):
+            wing = _wing(target, wings)
+            if source and wing and wing != source:
+                edges.setdefault((source, wing), f"{name} imports {target}")
+    both_ways = [
+        f"{edges[a, b]}; {edges[b, a]}"
+        for a, b in sorted(edges)
+        if a < b and (b, a) in edges
+    ]
+    assert len(wings) >= 5
+    assert both_ways == []
+
+
 # A vLLM worker's life with the plugin: plugins loaded, Kimi-K3's model
 # imported, a KimiMoE built (here on meta, as one rank of TP32 with Marlin,
 # the groups and the Marlin device check stood in inline). Then which plugin

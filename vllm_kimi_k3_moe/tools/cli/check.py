@@ -26,6 +26,12 @@ from vllm_kimi_k3_moe.tools.check.report import (
     summary,
     verdict,
 )
+from vllm_kimi_k3_moe.tools.check.serve_line import (
+    named_model,
+    read_serve_command,
+    serve_environment,
+    serve_words,
+)
 from vllm_kimi_k3_moe.tools.cli.common import (
     add_context_parallel,
     add_dp_and_ep,
@@ -44,21 +50,15 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     gpu_preset,
     named_amd_arch,
 )
-from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
-    GPU_CAPABILITY,
-    refuse_a_kernel_the_gpu_cannot_run,
-)
-from vllm_kimi_k3_moe.tools.deployment.serve_line import (
-    named_model,
-    read_serve_command,
-    serve_environment,
-    serve_words,
-)
 from vllm_kimi_k3_moe.tools.deployment.topology import (
     Deployment,
     DeploymentError,
     Topology,
     validate_prefill_context_parallel,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.kernel_gpus import (
+    GPU_CAPABILITY,
+    refuse_a_kernel_the_gpu_cannot_run,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_gpu_of_capability
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_served

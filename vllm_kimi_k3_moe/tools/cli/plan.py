@@ -53,7 +53,6 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     XPU_MOE_BACKENDS,
     XPU_PRESETS,
 )
-from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import KernelOnGpu
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.deployment.topology import (
     DEFAULT_MAX_MODEL_LEN,
@@ -61,6 +60,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     DeploymentError,
     Topology,
 )
+from vllm_kimi_k3_moe.tools.meta_rank.kernel_gpus import KernelOnGpu
 from vllm_kimi_k3_moe.tools.plan.answers import Answers
 from vllm_kimi_k3_moe.tools.plan.asked import (
     INPUT_ERRORS,
