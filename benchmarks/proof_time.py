@@ -1,4 +1,5 @@
-"""Time the small-layer proof (``vllm_kimi_k3_moe.verification.small_layer``):
+"""Time the small-layer proof
+(``vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof.small_layer``):
 what the first Kimi-K3 layer a process builds adds, on vLLM code the plugin
 was not verified on, before any layer gets the fixes. The layer is built as
 vLLM builds it at Kimi-K3's real size (latent width 3584, 3072 intermediate)
@@ -37,7 +38,11 @@ def main() -> None:
     import vllm_kimi_k3_moe
     from upstream import partition_matrix as matrix
     from upstream import project_helpers as helpers
-    from vllm_kimi_k3_moe.verification import first_layer, small_layer, verdict
+    from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof import (
+        first_layer,
+        small_layer,
+    )
+    from vllm_kimi_k3_moe.verification import verdict
 
     torch.set_num_threads(1)
     logging.getLogger("vllm").setLevel(logging.ERROR)

@@ -139,6 +139,52 @@ def test_the_tools_wings_never_import_the_command_line() -> None:
     assert offending == []
 
 
+def _imported_both_ways(packages: list[str]) -> list[str]:
+    """Each two of ``packages`` that import each other, with one import
+    each way (module-level and deferred imports alike)."""
+    known = modules()
+
+    def package(name: str) -> str | None:
+        return next(
+            (p for p in packages if name == p or name.startswith(f"{p}.")), None
+        )
+
+    edges: dict[tuple[str, str], str] = {}
+    for name, path in known.items():
+        source = package(name)
+        for target, _ in imports(name, path, known):
+            imported = package(target)
+            if source and imported and imported != source:
+                edges.setdefault((source, imported), f"{name} imports {target}")
+    return [
+        f"{edges[a, b]}; {edges[b, a]}"
+        for a, b in sorted(edges)
+        if a < b and (b, a) in edges
+    ]
+
+
+def test_no_two_tool_packages_import_each_other() -> None:
+    """The tools' packages depend one way: ``deployment`` (a deployment
+    described in plain Python) below ``meta_rank`` (vLLM's model built on
+    ``meta`` for it), both below ``plan``, ``check`` and ``selftest``, all
+    below ``cli``."""
+    packages = sorted(
+        f"{TOOLS}.{path.name}"
+        for path in (REPO / PACKAGE / "tools").iterdir()
+        if (path / "__init__.py").exists()
+    )
+    assert len(packages) >= 5
+    assert _imported_both_ways(packages) == []
+
+
+def test_verification_and_the_patches_depend_one_way() -> None:
+    """``verification`` reads vLLM's code and decides which fixes go on; the
+    patches (``model_executor``) ask it, and hold the proof that runs them
+    (``fused_moe.proof``): ``verification`` imports nothing of theirs."""
+    packages = [f"{PACKAGE}.verification", f"{PACKAGE}.model_executor"]
+    assert _imported_both_ways(packages) == []
+
+
 # A vLLM worker's life with the plugin: plugins loaded, Kimi-K3's model
 # imported, a KimiMoE built (here on meta, as one rank of TP32 with Marlin,
 # the groups and the Marlin device check stood in inline). Then which plugin

@@ -14,7 +14,7 @@ from huggingface_hub.file_download import repo_folder_name
 
 from vllm_kimi_k3_moe.tools.check.hub_cache import checkpoint_directory
 from vllm_kimi_k3_moe.tools.check.layout import PreflightInputError
-from vllm_kimi_k3_moe.tools.deployment.serve_line import (
+from vllm_kimi_k3_moe.tools.check.serve_line import (
     ServeCommandError,
     serve_environment,
     serve_words,

@@ -116,13 +116,13 @@ DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
 INT_WNA16_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
 # The patch that chooses each layer's partition: its first layer built proves
 # the fixes on a small layer where some fix goes on code it was not verified
-# on (``verification.small_layer``).
+# on (``fused_moe.proof.small_layer``).
 PARTITION_PATCH = "vllm_kimi_k3_moe.model_executor.layers.fused_moe.routed_experts"
 STRICT_LOADING = (
     "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading"
 )
 # What the first layer owes, and settles (imported only where it is owed).
-FIRST_LAYER = "vllm_kimi_k3_moe.verification.first_layer"
+FIRST_LAYER = "vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof.first_layer"
 # Each Kimi-K3 model module vLLM builds the MoE from, and its model patch: a
 # process judges and patches only the models it imports (an NVIDIA process
 # never imports the AMD model, nor a ROCm one the NVIDIA model).

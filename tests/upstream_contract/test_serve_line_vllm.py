@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
-from vllm_kimi_k3_moe.tools.deployment.serve_line import (
+from vllm_kimi_k3_moe.tools.check.serve_line import (
     ServeCommandError,
     read_serve_command,
 )
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GpuBudget
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving, Topology
 from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
 

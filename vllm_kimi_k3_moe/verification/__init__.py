@@ -40,10 +40,12 @@ and one warning line names what differed.
 3. Where some fix goes on checked (not verified) code or through a
    replacement, the patches go on, but
    before any layer of the model gets them the first Kimi-K3 layer vLLM
-   builds proves them on a small copy of itself (``first_layer`` holds what
-   is owed, ``small_layer`` builds and checks: the same method and kernel,
-   each GPU of the split, unwritten memory random, every checkpoint row
-   loaded once at the cold start and again updated in place, pads zero).
+   builds proves them on a small copy of itself (the partition patch's
+   ``model_executor.layers.fused_moe.proof``, beside the patches it runs:
+   ``first_layer`` holds what is owed, ``small_layer`` builds and checks:
+   the same method and kernel, each GPU of the split, unwritten memory
+   random, every checkpoint row loaded once at the cold start and again
+   updated in place, pads zero).
    Proven: the line says so. Not: every patch is reverted, that layer and
    all others are vLLM alone's, and one warning says what did not hold and,
    for a replacement, names it.

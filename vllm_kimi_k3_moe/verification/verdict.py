@@ -23,7 +23,7 @@ CHECKED = "checked"  # other code, every target and what the patch relies on the
 IN_VLLM = "in vLLM"  # vLLM's own code does it: not applied
 # verified code, but other code (an RL framework, another plugin) replaced a
 # target at run time: applied once a small layer proves the fixes with the
-# replacement in place (``small_layer``)
+# replacement in place (``fused_moe.proof.small_layer``)
 REPLACED = "replaced at run time"
 DIFFERS = "differs"  # not applied, and nothing else is
 
@@ -129,7 +129,7 @@ class Decision:
     warning: bool  # the line is a warning (nothing patched)
     line: str | None  # None: verified code of a verified release, nothing to say
     # some fix goes on code it was not verified on: the first layer built
-    # proves the fixes on a small layer first (``small_layer``), and the line
+    # proves the fixes on a small layer first (``proof.small_layer``), and the line
     # is logged then, with what was proven (or the plugin steps aside)
     prove: bool = False
     # why the fixes need that proof, as the warning says it if it fails

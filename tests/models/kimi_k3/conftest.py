@@ -33,6 +33,7 @@ from tests.models.kimi_k3.gpu_stand_ins import (
     uninitialised_memory_reads,
 )
 from tests.models.kimi_k3.kimi_k3_formats import format_model_dir, format_vllm_config
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof import first_layer
 from vllm_kimi_k3_moe.patching import upstream_class
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank, simulated_rank
@@ -42,7 +43,7 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
 )
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import rank_vllm_config
 from vllm_kimi_k3_moe.tools.selftest.layer import build_moe_layers
-from vllm_kimi_k3_moe.verification import first_layer, verdict
+from vllm_kimi_k3_moe.verification import verdict
 
 
 @pytest.fixture(scope="session")

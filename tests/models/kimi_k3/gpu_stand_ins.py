@@ -18,7 +18,7 @@ from unittest import mock
 
 from torch import nn
 
-from vllm_kimi_k3_moe.verification.unwritten_memory import (
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof.unwritten_memory import (
     RandomUnwrittenMemory,
     UnwrittenMemory,
 )

@@ -13,9 +13,9 @@ import pytest
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
 from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
 from vllm_kimi_k3_moe.tools.deployment.gpus import GPU_PRESETS
-from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import GPU_CAPABILITY, kernel_on_gpu
 from vllm_kimi_k3_moe.tools.deployment.text_config import KIMI_K3_TEXT_CONFIG
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
+from vllm_kimi_k3_moe.tools.meta_rank.kernel_gpus import GPU_CAPABILITY, kernel_on_gpu
 from vllm_kimi_k3_moe.tools.plan.serve_command import serve_commands
 
 HOPPER, B200, B300 = (9, 0), (10, 0), (10, 3)

@@ -21,13 +21,14 @@ from tests.models.kimi_k3.forward_cases import CPU, TOLERANCE, layer_cache, smal
 from tests.models.kimi_k3.preparation.online import PATHS, quantize_rank, what_is_wrong
 from tests.models.kimi_k3.preparation.test_online_quantization import bf16_problems
 from tests.models.kimi_k3.test_small_layer_proof import RIGHT, build, plugin_lines
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof import first_layer
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
     expert_loading,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
 from vllm_kimi_k3_moe.tools.selftest.harness import deployment_outputs, errors_of
-from vllm_kimi_k3_moe.verification import first_layer, report, targets, verdict
+from vllm_kimi_k3_moe.verification import report, targets, verdict
 
 TP32 = Topology(32)
 PARTITION_PATCH = vllm_kimi_k3_moe.PARTITION_PATCH

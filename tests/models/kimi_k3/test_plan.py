@@ -17,7 +17,6 @@ from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import mxfp4
 from vllm_kimi_k3_moe.tools.cli import build_parser, main
 from vllm_kimi_k3_moe.tools.cli.plan import _plan_input
-from vllm_kimi_k3_moe.tools.deployment.max_model_len import _refuse_non_lengths
 from vllm_kimi_k3_moe.tools.deployment.text_config import (
     KIMI_K3_MOE_FIELDS,
     KIMI_K3_TEXT_CONFIG,
@@ -27,6 +26,7 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     DeploymentError,
     Serving,
 )
+from vllm_kimi_k3_moe.tools.plan.max_model_len import _refuse_non_lengths
 
 MOE_LAYERS = 92  # 93 layers, the first one dense
 BF16 = 2  # bytes

@@ -1,7 +1,7 @@
 """On vLLM code the plugin was not verified against, the first Kimi-K3 layer
 built proves the fixes on a small copy of itself before any layer gets them
-(``vllm_kimi_k3_moe.verification.small_layer``); where that does not hold,
-the plugin steps aside whole and the layer is vLLM alone's.
+(``vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof.small_layer``);
+where that does not hold, the plugin steps aside whole and the layer is vLLM alone's.
 
 Unverified code, here: the installed vLLM with its recorded digests changed,
 so that every fix is judged by signatures and checks (``checked``), as on a
@@ -22,18 +22,18 @@ from tests.models.kimi_k3.test_never_worse_than_vllm_alone import PARTITIONS
 from upstream import partition_matrix as matrix
 from upstream import project_helpers as helpers
 from vllm_kimi_k3_moe import import_hooks
-from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
-    expert_loading,
-)
-from vllm_kimi_k3_moe.patching import is_plugin_wrapper, upstream_class
-from vllm_kimi_k3_moe.tools.deployment.topology import Topology
-from vllm_kimi_k3_moe.verification import first_layer
-from vllm_kimi_k3_moe.verification.small_layer import (
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof import first_layer
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof.small_layer import (
     NotProven,
     Placed,
     covered_once,
     placed,
 )
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
+    expert_loading,
+)
+from vllm_kimi_k3_moe.patching import is_plugin_wrapper, upstream_class
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 # The regression suite's partition per format, backend and topology
 # (its ALIGNED_TOPOLOGIES: TP8, TP16, TP24, TP32, TP16 x DP2, TP32 EP).

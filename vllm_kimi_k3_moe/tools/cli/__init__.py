@@ -15,8 +15,10 @@ and what is supported, for bug reports.
 Each subcommand is one module (``plan``, ``check``, ``selftest``, ``doctor``)
 whose ``add_command``
 adds its parser and names its ``run`` function (``set_defaults(run=...)``);
-``main`` parses and calls it. Input is validated before vLLM is imported,
-and bad input ends with one line on stderr and exit status 2 (a misspelt
+vLLM's own flags it takes come from one table (``vllm_flags``), what every
+parser shares from ``common``; ``main`` parses and calls it. Input is
+validated before vLLM is imported, and bad input ends with one line on
+stderr and exit status 2 (a misspelt
 command, choice or option naming the closest right one: ``suggest``); no
 command at all prints the commands and how to get help (``overview``),
 exit status 2.

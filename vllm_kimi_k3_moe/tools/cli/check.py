@@ -26,13 +26,21 @@ from vllm_kimi_k3_moe.tools.check.report import (
     summary,
     verdict,
 )
+from vllm_kimi_k3_moe.tools.check.serve_line import (
+    named_model,
+    read_serve_command,
+    serve_environment,
+    serve_words,
+)
 from vllm_kimi_k3_moe.tools.cli.common import (
-    add_context_parallel,
-    add_dp_and_ep,
     fail,
     no_background_kernel_builds,
-    positive_int,
     quiet_vllm,
+)
+from vllm_kimi_k3_moe.tools.cli.vllm_flags import (
+    add_context_parallel,
+    add_dp_and_ep,
+    add_vllm_flag,
 )
 from vllm_kimi_k3_moe.tools.deployment.gpus import (
     ALL_GPU_PRESETS,
@@ -44,21 +52,15 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     gpu_preset,
     named_amd_arch,
 )
-from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
-    GPU_CAPABILITY,
-    refuse_a_kernel_the_gpu_cannot_run,
-)
-from vllm_kimi_k3_moe.tools.deployment.serve_line import (
-    named_model,
-    read_serve_command,
-    serve_environment,
-    serve_words,
-)
 from vllm_kimi_k3_moe.tools.deployment.topology import (
     Deployment,
     DeploymentError,
     Topology,
     validate_prefill_context_parallel,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.kernel_gpus import (
+    GPU_CAPABILITY,
+    refuse_a_kernel_the_gpu_cannot_run,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_gpu_of_capability
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_served
@@ -123,30 +125,23 @@ def add_command(commands: Subcommands) -> None:
         "vLLM's own vllm serve parser (imports vLLM: about 10 s more); not "
         "with the layout options",
     )
-    check.add_argument(
-        "--tp",
+    add_vllm_flag(
+        check,
         "--tensor-parallel-size",
-        dest="tp_size",
-        type=positive_int,
-        metavar="N",
-        help=f"tensor-parallel size (default: {DEFAULT_TP})",
+        f"tensor-parallel size (default: {DEFAULT_TP})",
     )
-    check.add_argument(
-        "--pp",
+    add_vllm_flag(
+        check,
         "--pipeline-parallel-size",
-        dest="pp_size",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="pipeline-parallel size: what each stage's GPUs load, its layers "
+        "pipeline-parallel size: what each stage's GPUs load, its layers "
         "split as vLLM splits them (default: 1)",
     )
     add_dp_and_ep(check)
     add_context_parallel(check)
-    check.add_argument(
+    add_vllm_flag(
+        check,
         "--moe-backend",
-        metavar="NAME",
-        help=f"also report what {VLLM} allocates per GPU on this MoE kernel, "
+        f"also report what {VLLM} allocates per GPU on this MoE kernel, "
         "upstream and with this plugin, by building the checkpoint's language "
         "model on the meta device as plan does (imports vLLM: about 15 s "
         "more). Names as for plan --moe-backend",

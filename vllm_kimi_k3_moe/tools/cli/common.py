@@ -1,7 +1,7 @@
 """What every subcommand's parser shares: one-line errors, number parsing,
-the topology options (DP, EP, DCP, PCP), the format and kernel options,
 vLLM's logs kept off stdout, and no background kernel builds in a CPU-only
-tool process."""
+tool process (vLLM's own flags, the topology, format and kernel options:
+``vllm_flags``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from vllm_kimi_k3_moe.formats import FORMAT_NAMES, FORMATS
+from vllm_kimi_k3_moe.formats import FORMATS
 
 # kept importable from here, where the commands find their shared helpers
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm  # noqa: F401
@@ -92,93 +92,9 @@ def config_file(text: str) -> Path:
     return path
 
 
-def add_dp_and_ep(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "--dp",
-        "--data-parallel-size",
-        dest="dp_size",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="data-parallel size (default: 1)",
-    )
-    command.add_argument(
-        "--ep",
-        "--enable-expert-parallel",
-        dest="expert_parallel",
-        action="store_true",
-        help="expert parallelism over TP x DP GPUs, as vLLM's flag of that name",
-    )
-
-
-def add_context_parallel(command: argparse.ArgumentParser) -> None:
-    """``--dcp`` and ``--pcp``, as vLLM's flags of those long names."""
-    command.add_argument(
-        "--dcp",
-        "--decode-context-parallel-size",
-        dest="dcp_size",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="decode-context-parallel size, dividing TP: the MLA KV cache is "
-        "split over N GPUs of each TP group; no weight changes (default: 1)",
-    )
-    command.add_argument(
-        "--pcp",
-        "--prefill-context-parallel-size",
-        dest="pcp_size",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="prefill-context-parallel size: only 1, vLLM's Kimi-K3 attention "
-        "refuses more (default: 1)",
-    )
-
-
 def fail(command: str, message: str) -> NoReturn:
     print(f"{PROG} {command}: error: {message}", file=sys.stderr)
     raise SystemExit(USAGE_ERROR)
-
-
-def add_format_and_backend(
-    command: argparse.ArgumentParser, online: bool = False
-) -> None:
-    """``--quantization`` and ``--moe-backend``, as ``plan`` takes them
-    (``online``: also vLLM's methods that quantize a BF16 checkpoint while
-    loading it, which ``tools.plan.asked`` checks against vLLM's list)."""
-    formats = (
-        "the checkpoint's format, with its published quantization config: "
-        "mxfp4 (the release, compressed-tensors mxfp4-pack-quantized, which "
-        "vLLM serves as native MXFP4), ct-mxfp4 (other compressed-tensors "
-        "MXFP4), fp8-block, nvfp4 (compressed-tensors), modelopt-nvfp4, "
-        "w4a16 (INT4 in groups of 32), awq, gptq (INT4 in groups of 128), "
-        "bf16 (default: what --config's quantization_config declares, any "
-        "config vLLM takes, else mxfp4)"
-    )
-    if online:
-        formats += (
-            "; or a method of vLLM's --quantization that quantizes the BF16 "
-            "checkpoint while loading it (fp8_per_block, fp8_per_tensor, "
-            "fp8_per_channel, mxfp8, int8_per_channel_weight_only, "
-            "nvfp4_per_token, fp8, experts_int8, ...: vLLM's names, as vllm "
-            "serve takes them; mxfp4 names the release, or with --config of a "
-            "BF16 checkpoint vLLM's online MXFP4)"
-        )
-    command.add_argument(
-        "--quantization",
-        type=str.lower,
-        metavar="NAME" if online else None,
-        choices=None if online else FORMAT_NAMES,
-        help=formats,
-    )
-    command.add_argument(
-        "--moe-backend",
-        default="marlin",
-        metavar="NAME",
-        help="vLLM's --moe-backend, the MoE kernel (default: marlin; the "
-        "format's choices are below); 'auto' is refused: vLLM resolves it "
-        "from the GPU it starts on",
-    )
 
 
 def backends_by_format() -> str:

@@ -29,9 +29,6 @@ from vllm_kimi_k3_moe.compat import VLLM, builds_dsa_layers
 from vllm_kimi_k3_moe.tools.cli.common import (
     CONFIG_JSON,
     PROG,
-    add_context_parallel,
-    add_dp_and_ep,
-    add_format_and_backend,
     backends_by_format,
     config_file,
     fail,
@@ -39,6 +36,13 @@ from vllm_kimi_k3_moe.tools.cli.common import (
     no_background_kernel_builds,
     positive_float,
     positive_int,
+)
+from vllm_kimi_k3_moe.tools.cli.vllm_flags import (
+    add_context_parallel,
+    add_dp_and_ep,
+    add_format_and_backend,
+    add_vllm_flag,
+    add_vllm_flags,
 )
 from vllm_kimi_k3_moe.tools.deployment.gpu_budget import (
     ACTIVATIONS_GIB,
@@ -53,14 +57,12 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     XPU_MOE_BACKENDS,
     XPU_PRESETS,
 )
-from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import KernelOnGpu
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.deployment.topology import (
-    DEFAULT_MAX_MODEL_LEN,
-    KV_CACHE_DTYPES,
     DeploymentError,
     Topology,
 )
+from vllm_kimi_k3_moe.tools.meta_rank.kernel_gpus import KernelOnGpu
 from vllm_kimi_k3_moe.tools.plan.answers import Answers
 from vllm_kimi_k3_moe.tools.plan.asked import (
     INPUT_ERRORS,
@@ -176,56 +178,27 @@ def add_command(commands: Subcommands) -> None:
         "(vLLM's multiprocessing launch: --nnodes, --node-rank, --master-addr "
         "HEAD, where HEAD is node 0's address, and --headless on the others)",
     )
-    plan.add_argument(
-        "--tp",
+    add_vllm_flag(
+        plan,
         "--tensor-parallel-size",
+        "tensor-parallel sizes, one row each (default: 8 16 32)",
         dest="tp_sizes",
-        type=positive_int,
         nargs="+",
-        metavar="N",
-        help="tensor-parallel sizes, one row each (default: 8 16 32)",
     )
-    plan.add_argument(
-        "--pp",
+    add_vllm_flag(
+        plan,
         "--pipeline-parallel-size",
-        dest="pp_size",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="pipeline-parallel size: each stage sized from vLLM's layer split "
-        "(default: 1)",
+        "pipeline-parallel size: each stage sized from vLLM's layer split (default: 1)",
     )
     add_dp_and_ep(plan)
     add_context_parallel(plan)
     add_format_and_backend(plan, online=True)
-    plan.add_argument(
+    add_vllm_flags(
+        plan,
         "--quantization-config",
-        metavar="JSON",
-        help="vLLM's --quantization-config, with --quantization online or an "
-        """online method's name over a BF16 checkpoint (e.g. '{"moe": """
-        """"fp8_per_block"}'); passed to vLLM as given""",
-    )
-    plan.add_argument(
         "--kv-cache-dtype",
-        type=str.lower,
-        choices=KV_CACHE_DTYPES,
-        help="vLLM's --kv-cache-dtype: auto (bfloat16) or fp8 (default: auto); "
-        "the table shows the KV cache with a GPU size",
-    )
-    plan.add_argument(
         "--max-model-len",
-        metavar="N",
-        help=f"vLLM's --max-model-len, in tokens, as vLLM reads it (131072, 128k "
-        f"= 128000, 128K = 131072; default: {DEFAULT_MAX_MODEL_LEN}); the table "
-        "shows the KV cache with a GPU size",
-    )
-    plan.add_argument(
         "--gpu-memory-utilization",
-        type=fraction,
-        metavar="U",
-        help="the share of each GPU vLLM takes, in (0, 1] (default: unset, "
-        f"what {VLLM} resolves it to, which plan's notes say; the serve "
-        "commands carry it only where given); needs a GPU size",
     )
     plan.add_argument(
         "--reserve-gib",
@@ -240,21 +213,7 @@ def add_command(commands: Subcommands) -> None:
         "give; from a start-up log: GPU GiB x utilization - weights - KV "
         "cache. Needs a GPU size",
     )
-    plan.add_argument(
-        "--speculative-config",
-        metavar="JSON",
-        help="vLLM's --speculative-config, as vllm serve takes it: method "
-        '"dspark" with its draft ("model": a directory holding its config.json, '
-        'or Inferact/Kimi-K3-DSpark) or "mtp" (the checkpoint\'s own MTP layers); '
-        "vLLM builds the draft, its weights and KV cache are counted, and the "
-        "serve commands carry it",
-    )
-    plan.add_argument(
-        "--language-model-only",
-        action="store_true",
-        help="as vLLM's flag: serve without the vision tower (by default "
-        "vLLM loads it: 0.9 GB per GPU of the first pipeline stage)",
-    )
+    add_vllm_flags(plan, "--speculative-config", "--language-model-only")
     plan.add_argument(
         "--config",
         type=config_file,

@@ -17,14 +17,16 @@ import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats.w4a16 import ZERO_POINT
 from vllm_kimi_k3_moe.tools.cli.common import (
-    add_dp_and_ep,
-    add_format_and_backend,
     backends_by_format,
     config_file,
     fail,
     no_background_kernel_builds,
-    positive_int,
     quiet_vllm,
+)
+from vllm_kimi_k3_moe.tools.cli.vllm_flags import (
+    add_dp_and_ep,
+    add_format_and_backend,
+    add_vllm_flag,
 )
 from vllm_kimi_k3_moe.tools.deployment.text_config import (
     KIMI_K3_TEXT_CONFIG,
@@ -102,14 +104,11 @@ def add_command(commands: Subcommands) -> None:
             "that does not run the format on this machine at all."
         ),
     )
-    selftest.add_argument(
-        "--tp",
+    add_vllm_flag(
+        selftest,
         "--tensor-parallel-size",
-        dest="tp_size",
-        type=positive_int,
+        "tensor-parallel size (default: 32)",
         default=32,
-        metavar="N",
-        help="tensor-parallel size (default: 32)",
     )
     add_dp_and_ep(selftest)
     add_format_and_backend(selftest)

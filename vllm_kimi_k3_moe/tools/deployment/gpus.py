@@ -84,7 +84,7 @@ GPU_PRESETS: dict[str, GpuPreset] = {
 
 # AMD's and Intel's GPUs, apart from NVIDIA's: vLLM builds Kimi-K3 there from
 # another model file and has no CUDA compute capability to ask
-# (``kernel_gpus.GPU_CAPABILITY`` holds NVIDIA's).
+# (``meta_rank.kernel_gpus.GPU_CAPABILITY`` holds NVIDIA's).
 ROCM_AND_XPU_PRESETS: dict[str, GpuPreset] = {
     preset.name: preset
     for preset in (

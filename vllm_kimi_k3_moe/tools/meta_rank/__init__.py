@@ -1,14 +1,17 @@
 """One GPU rank, on the meta device: vLLM's real Kimi-K3 model built as one
 rank of a deployment builds it on its GPU, on a CPU, allocating nothing (the
-tools' base layer; what a CPU lacks is stood in, below).
+layer the tools ask vLLM's build through; what a CPU lacks is stood in,
+below).
 
 Offline only (``plan``, ``check --moe-backend`` and ``--serve-command``,
 ``selftest``, the test suite): nothing here runs in a serving process.
 ``vllm_config`` makes the ``VllmConfig`` ``vllm serve`` would, ``rank``
 poses the process as a rank, ``whole_model`` builds the language model on
 ``meta`` and ``allocation`` reads what it allocates, ``kv_cache`` sizes the
-KV cache with vLLM's own planner; ``quiet`` keeps vLLM's output off the
-terminal meanwhile.
+KV cache with vLLM's own planner, ``kernel_gpus`` asks which MoE kernels
+vLLM selects on which GPU; ``quiet`` keeps vLLM's output off the terminal
+meanwhile. It builds what ``tools.deployment`` describes, and imports
+nothing else of the tools.
 
 Stand-in ledger
 ---------------

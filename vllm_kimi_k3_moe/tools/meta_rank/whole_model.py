@@ -61,6 +61,9 @@ from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
     rank_vllm_config,
 )
 
+# What vLLM raises when it cannot build a layer for a deployment.
+BUILD_ERRORS = (AssertionError, TypeError, ValueError, RuntimeError)
+
 
 @contextmanager
 def kimi_moe_class(model_module: Any, kimi_moe_cls: type) -> Iterator[None]:

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from vllm_kimi_k3_moe.tools.deployment.gpus import an_amd_gpu_named
-from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
+from vllm_kimi_k3_moe.tools.deployment.remembered import CACHE_VARIABLE, remembered
+from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
+from vllm_kimi_k3_moe.tools.meta_rank.kernel_gpus import (
     KernelOnGpu,
     refuse_a_kernel_the_gpu_cannot_run,
     what_builds_instead,
 )
-from vllm_kimi_k3_moe.tools.deployment.remembered import CACHE_VARIABLE, remembered
-from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import a_gpu_of_capability
 from vllm_kimi_k3_moe.tools.plan.asked import PlanInput

@@ -35,12 +35,6 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     gpu_preset,
     memory_gpu_title,
 )
-from vllm_kimi_k3_moe.tools.deployment.kernel_gpus import (
-    GPU_CAPABILITY,
-    backend_vllm_selects_on_amd,
-    kernel_utilization,
-)
-from vllm_kimi_k3_moe.tools.deployment.max_model_len import max_model_len
 from vllm_kimi_k3_moe.tools.deployment.remembered import remembered
 from vllm_kimi_k3_moe.tools.deployment.speculation import (
     Speculation,
@@ -63,8 +57,14 @@ from vllm_kimi_k3_moe.tools.deployment.topology import (
     validate_serving,
 )
 from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_deployment
+from vllm_kimi_k3_moe.tools.meta_rank.kernel_gpus import (
+    GPU_CAPABILITY,
+    backend_vllm_selects_on_amd,
+    kernel_utilization,
+)
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_planned
+from vllm_kimi_k3_moe.tools.plan.max_model_len import max_model_len
 from vllm_kimi_k3_moe.tools.plan.online_names import online_config, online_method
 
 DEFAULT_TP_SIZES = (8, 16, 32)

@@ -62,6 +62,7 @@ from vllm_kimi_k3_moe.tools.meta_rank.draft import for_vllm, write_draft_dir
 from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCachePlanner
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.meta_rank.whole_model import (
+    BUILD_ERRORS,
     amd_kimi_moe_module,
     build_rank,
 )
@@ -72,12 +73,11 @@ from vllm_kimi_k3_moe.tools.plan.values import (
     StageAllocation,
 )
 
-# What vLLM raises when it cannot build a layer for a deployment.
-BUILD_ERRORS = (AssertionError, TypeError, ValueError, RuntimeError)
-# ... and what vLLM alone's AMD KimiMoE raises at every tensor-parallel size
-# of 16 or more (it reads ``w13_weight_packed`` off its MoE runner, which has
-# none): vLLM alone's build only; the plugin's raising it is a bug, not a
-# refusal.
+# What vLLM raises when it cannot build a layer for a deployment
+# (``whole_model.BUILD_ERRORS``), and what vLLM alone's AMD KimiMoE raises
+# at every tensor-parallel size of 16 or more (it reads ``w13_weight_packed``
+# off its MoE runner, which has none): vLLM alone's build only; the plugin's
+# raising it is a bug, not a refusal.
 UPSTREAM_BUILD_ERRORS = (*BUILD_ERRORS, AttributeError)
 # What that error is, said after it
 AMD_PADDING_RAISES = (

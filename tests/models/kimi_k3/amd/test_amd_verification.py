@@ -1,6 +1,6 @@
 """On vLLM code the plugin was not verified on, the first AMD Kimi-K3 layer
 proves the fixes on a small copy of itself, as the NVIDIA one does
-(``verification.small_layer``), then gets its backend's rows; the AMD model's
+(``fused_moe.proof.small_layer``), then gets its backend's rows; the AMD model's
 fix is judged by its own targets (``amd/linear.py``'s ``KimiMoE.__init__``).
 """
 
@@ -14,8 +14,9 @@ import vllm_kimi_k3_moe
 from tests.models.kimi_k3.amd.conftest import build_amd_kimi_moe
 from tests.models.kimi_k3.builders import routed_experts
 from tests.models.kimi_k3.test_small_layer_proof import plugin_lines
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof import first_layer
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
-from vllm_kimi_k3_moe.verification import first_layer, verdict
+from vllm_kimi_k3_moe.verification import verdict
 
 AMD_FIX = vllm_kimi_k3_moe.MODEL_PATCHES[vllm_kimi_k3_moe.KIMI_K3_AMD_LINEAR]
 

@@ -83,7 +83,7 @@ How
     partition (it claims no zeroing), and one when an online layer's pads
     were zeroed. On vLLM code the plugin was not verified on, the first
     layer settles the proof the registration left owed before anything
-    else (``verification.first_layer``: its small copies, built by this
+    else (``proof.first_layer``: its small copies, built by this
     same wrapper, on every GPU of its split); where it does not hold, the
     plugin has stepped aside and this layer is built as vLLM alone builds it
     (``LayoutChooser.as_vllm_alone``, ``KimiMoEBuild.stepped_aside``).
@@ -134,6 +134,7 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     LayoutChooser,
     PartitionChoice,
 )
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof import first_layer
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.said_once import say_once
 from vllm_kimi_k3_moe.models.kimi_k3.amd import linear as amd_linear
 from vllm_kimi_k3_moe.models.kimi_k3.kimi_moe import (
@@ -143,7 +144,6 @@ from vllm_kimi_k3_moe.models.kimi_k3.kimi_moe import (
 )
 from vllm_kimi_k3_moe.models.kimi_k3.nvidia import model as nvidia_model
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
-from vllm_kimi_k3_moe.verification import first_layer
 
 __all__ = ["PartitionChoice", "apply", "revert", "zero_expert_tensors"]
 
@@ -277,7 +277,7 @@ def _kimi_k3_get_quant_method(own: Callable) -> Callable:
 
 def _not_proven(experts: Any, build: KimiMoEBuild) -> bool:
     """On code the fixes were not verified on, the first layer built proves
-    them on a small copy of itself first (``verification.first_layer``);
+    them on a small copy of itself first (``proof.first_layer``);
     True where that failed (the plugin has stepped aside)."""
     if not first_layer.owed():
         return False

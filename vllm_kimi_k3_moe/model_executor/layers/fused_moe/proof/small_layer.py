@@ -68,11 +68,13 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partition import (
     logging_held_back,
 )
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof.unwritten_memory import (
+    RandomUnwrittenMemory,
+)
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading import (
     expert_layouts,
     expert_loading,
 )
-from vllm_kimi_k3_moe.verification.unwritten_memory import RandomUnwrittenMemory
 
 EXPERTS = 2  # experts per small layer: a second one shows the expert stride
 SEED = 20261204

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from vllm_kimi_k3_moe.verification import small_layer
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.proof import small_layer
 from vllm_kimi_k3_moe.verification.verdict import Decision
 
 logger = logging.getLogger("vllm.plugins.kimi_k3_moe")

@@ -57,10 +57,10 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
 )
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.meta_rank.whole_model import (
+    BUILD_ERRORS,
     amd_kimi_moe_module,
     build_rank,
 )
-from vllm_kimi_k3_moe.tools.plan.planner import BUILD_ERRORS
 
 GPU_CAPABILITY: dict[str, tuple[int, int]] = {
     "h100": (9, 0),
