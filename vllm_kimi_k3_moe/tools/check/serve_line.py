@@ -93,7 +93,7 @@ def _environment_and_words(command: str) -> tuple[dict[str, str], list[str]]:
         words = words[1:]
     if words[:2] != ["vllm", "serve"]:
         raise ServeCommandError(
-            "--serve-command must be 'vllm serve ...' (after any NAME=VALUE "
+            "--serve-command must start with 'vllm serve' (after any NAME=VALUE "
             f"environment), got {command[:40]!r}"
         )
     return environment, words[2:]
