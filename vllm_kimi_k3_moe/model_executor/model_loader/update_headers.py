@@ -81,7 +81,7 @@ def hold_update_to_headers(model_config: Any, model: nn.Module) -> None:
             where = checkpoint.shard_of.get(name, "?")
             problems.append(f"{name} (in {where}) {loading.describe(breaches)}")
         if loading.is_local(int(expert)):
-            sent[id(loading)].tensors.add((int(expert), projection, rest))
+            sent[id(loading)].add(int(expert), projection, rest)
     for loading in updating:
         local = [
             e for e in range(loading.experts.global_num_experts) if loading.is_local(e)

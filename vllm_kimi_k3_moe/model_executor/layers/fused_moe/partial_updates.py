@@ -63,21 +63,25 @@ GROUPS = {"w13": ("w1", "w3"), "w2": ("w2",)}
 @dataclass
 class Sent:
     """What an update handed one layer's loaders on memory (not the ``meta``
-    counting pass): (global expert, projection, checkpoint suffix)."""
+    counting pass): per global expert, the (projection, checkpoint suffix)
+    of each tensor."""
 
-    tensors: set[tuple[int, str, str]] = field(default_factory=set)
+    by_expert: dict[int, set[tuple[str, str]]] = field(
+        default_factory=lambda: defaultdict(set)
+    )
+
+    def add(self, expert: int, projection: str, suffix: str) -> None:
+        self.by_expert[expert].add((projection, suffix))
 
     def of(self, expert: int, group: str) -> set[tuple[str, str]]:
-        return {
-            (p, s) for e, p, s in self.tensors if e == expert and p in GROUPS[group]
-        }
+        return {(p, s) for p, s in self.by_expert.get(expert, ()) if p in GROUPS[group]}
 
 
 @dataclass
 class Delivery:
-    """Per local expert, which groups an update sent whole, none of, or part of."""
+    """Per local expert, which groups an update sent none of, or part of
+    (the rest it sent whole)."""
 
-    whole: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     none: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     # (expert, group, what of the group is missing)
     partial: list[tuple[int, str, list[str]]] = field(default_factory=list)
@@ -94,8 +98,8 @@ def delivery(
             needed = {(p, s) for p, s in expert_tensors if p in projections}
             got = sent.of(expert, group)
             if got >= needed:
-                found.whole[group].append(expert)
-            elif not got:
+                continue
+            if not got:
                 found.none[group].append(expert)
             else:
                 missing = sorted(f"{p}.{s}" for p, s in needed - got)
@@ -143,7 +147,7 @@ def check_before_preparing(
             "each of their tensors; w2 with each of its tensors): "
             + _describe_partial(found.partial),
         )
-    if in_direct_mode and sent.tensors and any(found.none.values()):
+    if in_direct_mode and sent.by_expert and any(found.none.values()):
         unsent = sorted({e for experts in found.none.values() for e in experts})
         refuse(
             layer_name,

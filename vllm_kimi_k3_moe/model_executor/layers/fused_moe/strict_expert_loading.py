@@ -268,7 +268,7 @@ class StrictExpertLoading:
             if local:
                 self.written.add(expert_slice)
             elif not (self.cold_start or param.is_meta) and self.is_local(expert_id):
-                self.sent.tensors.add((expert_id, shard_id, suffix))
+                self.sent.add(expert_id, shard_id, suffix)
             return result
 
         return weight_loader
