@@ -308,10 +308,10 @@ def _say(line: str) -> None:
 
 def plot_title(asked: PlanInput) -> str:
     """The figure's title: the table's heading, in its words."""
-    gpu = f"{asked.gpu_title} GPUs" if asked.gpu_title else "GPUs"
+    gpu = f", GPU: {asked.gpu_heading}" if asked.gpu_heading else ""
     return (
         f"Kimi-K3, one GPU's memory on {VLLM}: {asked.quantization_title} on "
-        f"{asked.backend}, {gpu}, GB = 10^9 bytes"
+        f"{asked.backend}, GB = 10^9 bytes{gpu}"
     )
 
 
@@ -367,11 +367,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(as_json(plans))
     elif args.wide:
-        print(wide_table(plans, asked.quantization_title))
+        print(wide_table(plans, asked.quantization_title, asked.gpu_heading))
         print(serve_commands(plans))
     elif args.gpus is not None:
         title = (
-            f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: "
+            f"Kimi-K3 on {args.gpus} x {asked.gpu_heading}: "
             f"{asked.quantization_title} on {asked.backend}, {len(plans)} layouts "
             f"{VLLM} builds, GB = 10^9 bytes"
         )
@@ -395,9 +395,10 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        # a GPU by its memory alone: its vendor (assumed or given) heads it
-        gpu = None if args.gpu is not None else asked.gpu_title
-        print(table(plans, format_title=asked.quantization_title, gpu=gpu))
+        # the GPU named once, with its memory in GB (and the GiB given)
+        print(
+            table(plans, format_title=asked.quantization_title, gpu=asked.gpu_heading)
+        )
         print(serve_commands(plans))
     return 0
 
