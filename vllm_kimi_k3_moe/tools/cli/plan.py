@@ -50,6 +50,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     AMD_MOE_BACKENDS,
     AMD_PRESETS,
     GPU_ARCHS,
+    XPU,
     XPU_MOE_BACKENDS,
     XPU_PRESETS,
 )
@@ -307,11 +308,12 @@ def _say(line: str) -> None:
 
 
 def plot_title(asked: PlanInput) -> str:
-    """The figure's title: the table's heading, in its words."""
-    gpu = f", GPU: {asked.gpu_heading}" if asked.gpu_heading else ""
+    """The figure's title: the table's heading, in its words (the GPU
+    before the unit, which keeps it within the figure's width)."""
+    gpu = f", {asked.gpu_heading}" if asked.gpu_heading else ""
     return (
-        f"Kimi-K3, one GPU's memory on {VLLM}: {asked.quantization_title} on "
-        f"{asked.backend}, GB = 10^9 bytes{gpu}"
+        f"Kimi-K3 per GPU on {VLLM}: {asked.quantization_title} on "
+        f"{asked.backend}{gpu}, GB = 10^9 bytes"
     )
 
 
@@ -363,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
         _plot(args.plot, plans, asked)
     _note_dsa_config_unread(asked.text_config)
     _note_kernel_not_verified(kernel, args.gpu)
+    _note_attention_borrowed(asked.amd_arch, gpu_label(args))
     note_online(asked.online, plans, _say)
     if args.json:
         print(as_json(plans))
@@ -476,6 +479,22 @@ def _note_kernel_not_verified(kernel: KernelOnGpu | None, gpu: str) -> None:
             f"plan: note: whether vLLM's {kernel.kernel} (--moe-backend "
             f"{kernel.backend}) runs on {gpu} is not known here: its device "
             "check needs a library this machine lacks",
+            file=sys.stderr,
+        )
+
+
+def _note_attention_borrowed(arch: str | None, gpu: str) -> None:
+    """On an AMD or Intel GPU only the MoE layers are vLLM's AMD model as
+    that platform builds them: say in one line that attention and its KV
+    cache are sized as on NVIDIA, rather than borrow those figures silently
+    (the stand-ins make ROCm's MoE selection, not its attention backends)."""
+    if arch is not None:
+        platform = "XPU" if arch == XPU else "ROCm"
+        print(
+            f"plan: note: on {gpu} only the MoE layers are sized as vLLM builds "
+            f"them on {platform}; attention, its backend and the KV cache "
+            f"(per token, blocks, KDA state) are sized as on NVIDIA GPUs: "
+            f"{platform}'s attention is not built here",
             file=sys.stderr,
         )
 

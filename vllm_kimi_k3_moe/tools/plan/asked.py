@@ -350,8 +350,7 @@ def gpu_label(args: argparse.Namespace) -> str:
         return args.gpu
     if args.gpu_memory_gib is None:
         return "any GPU"
-    size = args.gpu_memory_gib * GIB / GB  # in the answer's unit
-    return f"a {size:.1f} GB " + (args.gpu_arch or "NVIDIA") + " GPU"
+    return f"a {memory_gpu_title(args.gpu_memory_gib, args.gpu_arch)} GPU"
 
 
 # --moe-backend's default (``cli.common``): NVIDIA's; on an AMD GPU it names
