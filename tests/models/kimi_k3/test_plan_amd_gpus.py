@@ -90,7 +90,7 @@ def test_a_memory_alone_says_on_the_first_line_that_it_assumed_nvidia(
 ) -> None:
     assert main(["plan", "--gpu-memory-gib", "191.98", "--tp", "8"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert "NVIDIA (assumed: no --gpu-arch" in first, first
+    assert "NVIDIA (assumed: no --gpu-arch)" in first, first
 
 
 def test_gpu_arch_is_for_a_memory_only(capsys) -> None:

@@ -1,7 +1,7 @@
 """One answer of ``plan``, one memory unit: GB (10^9 bytes, as its heading
-says), the GPU named once in the heading with its memory as vLLM sees it, and
-the GiB ``--gpu-memory-gib`` was given said once, as given. Stdout and the
-notes on stderr together are the answer an operator reads."""
+says), the GPU named once in the heading, its memory as vLLM sees it in the
+fits note, and the GiB ``--gpu-memory-gib`` was given said once, as given.
+Stdout and the notes on stderr together are the answer an operator reads."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def test_a_preset_answer_counts_in_gb_and_names_its_gpu_once(
     assert BINARY.findall(said) == [], said
     assert said.count(title) == 1, said
     heading = next(line for line in said.splitlines() if line.startswith("Kimi-K3"))
-    assert f"GPU: {title} ({memory} as vLLM sees it)" in heading, heading
+    assert heading.endswith(f"GB = 10^9 bytes, {title} GPUs"), heading
     # the fits note gives the GPU's memory in the heading's GB
-    assert f"each GPU's {memory}" in " ".join(said.split()), said
+    assert f"each GPU's {memory} (as vLLM sees it;" in " ".join(said.split()), said
 
 
 def test_a_memory_given_in_gib_is_said_once_as_given(capsys) -> None:
@@ -45,7 +45,7 @@ def test_a_memory_given_in_gib_is_said_once_as_given(capsys) -> None:
         capsys, "--gpu-memory-gib", "191.98", "--gpu-arch", "gfx942", "--tp", "8"
     )
     assert BINARY.findall(said) == ["GiB"], said
-    assert "206.1 GB AMD gfx942 (191.98 GiB as given)" in said, said
+    assert "each GPU's 206.1 GB (191.98 GiB as given;" in " ".join(said.split())
     # every other mention of the GPU is the same name, in GB
     names = re.findall(r"[\d.]+ GB AMD \w+", said)
     assert len(names) > 1 and set(names) == {"206.1 GB AMD gfx942"}, names

@@ -308,12 +308,11 @@ def _say(line: str) -> None:
 
 
 def plot_title(asked: PlanInput) -> str:
-    """The figure's title: the table's heading, in its words (the GPU
-    before the unit, which keeps it within the figure's width)."""
-    gpu = f", {asked.gpu_heading}" if asked.gpu_heading else ""
+    """The figure's title: the table's heading, in its words."""
+    gpu = f"{asked.gpu_title} GPUs" if asked.gpu_title else "GPUs"
     return (
-        f"Kimi-K3 per GPU on {VLLM}: {asked.quantization_title} on "
-        f"{asked.backend}{gpu}, GB = 10^9 bytes"
+        f"Kimi-K3, one GPU's memory on {VLLM}: {asked.quantization_title} on "
+        f"{asked.backend}, {gpu}, GB = 10^9 bytes"
     )
 
 
@@ -367,14 +366,15 @@ def run(args: argparse.Namespace) -> int:
     _note_kernel_not_verified(kernel, args.gpu)
     _note_attention_borrowed(asked.amd_arch, gpu_label(args))
     note_online(asked.online, plans, _say)
+    given = args.gpu_memory_gib is not None  # the fits note says it once
     if args.json:
         print(as_json(plans))
     elif args.wide:
-        print(wide_table(plans, asked.quantization_title, asked.gpu_heading))
+        print(wide_table(plans, asked.quantization_title, asked.gpu_title, given))
         print(serve_commands(plans))
     elif args.gpus is not None:
         title = (
-            f"Kimi-K3 on {args.gpus} x {asked.gpu_heading}: "
+            f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: "
             f"{asked.quantization_title} on {asked.backend}, {len(plans)} layouts "
             f"{VLLM} builds, GB = 10^9 bytes"
         )
@@ -395,13 +395,12 @@ def run(args: argparse.Namespace) -> int:
                 unmarked,
                 lambda topology: plan_command(args, topology),
                 step,
+                given,
             )
         )
     else:
-        # the GPU named once, with its memory in GB (and the GiB given)
-        print(
-            table(plans, format_title=asked.quantization_title, gpu=asked.gpu_heading)
-        )
+        # the GPU named once: the heading names it, the fits note its memory
+        print(table(plans, None, (), asked.quantization_title, asked.gpu_title, given))
         print(serve_commands(plans))
     return 0
 

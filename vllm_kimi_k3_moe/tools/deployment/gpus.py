@@ -146,16 +146,14 @@ AITER_VARIABLE = "VLLM_ROCM_USE_AITER"
 RECIPE_AITER_ARCHS = ("gfx950",)
 
 
-def memory_gpu_title(memory_gib: float, arch: str | None, given: bool = False) -> str:
+def memory_gpu_title(memory_gib: float, arch: str | None) -> str:
     """How the tables name a GPU ``--gpu-memory-gib`` gives, in GB (their
     unit), with its vendor: AMD and its architecture (``--gpu-arch``), else
-    NVIDIA, said to be assumed; ``given``: the GiB given too (a heading says
-    it once, every other line in GB alone)."""
+    NVIDIA, said to be assumed."""
     size = f"{memory_gib * 2**30 / 10**9:.1f} GB"
-    said = [f"{memory_gib:g} GiB as given"] if given else []
     if arch is None:
-        return f"{size} NVIDIA ({'; '.join(['assumed: no --gpu-arch', *said])})"
-    return f"{size} AMD {arch}" + "".join(f" ({x})" for x in said)
+        return f"{size} NVIDIA (assumed: no --gpu-arch)"
+    return f"{size} AMD {arch}"
 
 
 class GpuError(ValueError):

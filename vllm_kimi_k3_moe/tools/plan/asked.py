@@ -24,7 +24,7 @@ from vllm_kimi_k3_moe.formats import (
     recognise,
 )
 from vllm_kimi_k3_moe.formats.adapters import adapters_quantized
-from vllm_kimi_k3_moe.tools.deployment.gpu_budget import GIB, BudgetError, GpuBudget
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import BudgetError, GpuBudget
 from vllm_kimi_k3_moe.tools.deployment.gpus import (
     AITER_VARIABLE,
     AMD_MOE_BACKENDS,
@@ -66,7 +66,6 @@ from vllm_kimi_k3_moe.tools.deployment.tp_sizes import validate_deployment
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import aiter_planned
 from vllm_kimi_k3_moe.tools.plan.online_names import online_config, online_method
-from vllm_kimi_k3_moe.tools.plan.values import GB
 
 DEFAULT_TP_SIZES = (8, 16, 32)
 # the errors of a question plan cannot size, each one line for the operator
@@ -103,27 +102,22 @@ class PlanInput:
     # AITER on there (``amd_gpu.aiter_planned``): the serve lines then carry
     # VLLM_ROCM_USE_AITER=1
     aiter: bool = False
-    # how the heading names the GPU: ``gpu_title`` and its memory in GB as
-    # vLLM sees it (a preset), or the GiB given (--gpu-memory-gib), once
-    gpu_heading: str | None = None
 
 
 def _budget(
     args: argparse.Namespace, quantization: str, say: Callable[[str], None]
-) -> tuple[GpuBudget | None, str | None, str | None]:
-    """The GPU's budget, the name every line gives it and the heading's."""
+) -> tuple[GpuBudget | None, str | None]:
+    """The GPU's budget and the name every line gives it."""
     if args.gpu is not None and args.gpu_memory_gib is not None:
         raise BudgetError("give --gpu or --gpu-memory-gib, not both")
     if args.gpu is not None:
         preset = gpu_preset(args.gpu)
         memory, title = preset.memory_gib, preset.title
-        heading = f"{title} ({memory * GIB / GB:.1f} GB as vLLM sees it)"
     elif args.gpu_memory_gib is not None:
         # in GB, the unit of the answer (GB = 10^9 bytes), with the vendor:
-        # never NVIDIA silently; the heading says the GiB given, once
+        # never NVIDIA silently (the fits note says the GiB given, once)
         memory = args.gpu_memory_gib
         title = memory_gpu_title(memory, args.gpu_arch)
-        heading = memory_gpu_title(memory, args.gpu_arch, given=True)
     else:
         for option, value in (
             ("--gpu-memory-utilization", args.gpu_memory_utilization),
@@ -133,14 +127,14 @@ def _budget(
                 raise BudgetError(
                     f"{option} needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
                 )
-        return None, None, None
+        return None, None
     # None: vLLM's default utilization and plan's estimate of the reserve,
     # which the installed vLLM decides once it is imported (kv_budget)
     utilization = args.gpu_memory_utilization
     if utilization is None:
         utilization = _kernel_utilization(quantization, args.moe_backend.lower(), say)
     budget = GpuBudget(memory, utilization, args.reserve_gib)
-    return budget, title, heading
+    return budget, title
 
 
 def _kernel_utilization(
@@ -235,7 +229,7 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
     aiter = aiter_planned(amd_arch)
     gpu = gpu_label(args)
     amd_asked = amd_arch and _amd_backend(args.moe_backend, fmt.name, gpu, amd_arch)
-    budget, gpu_title, gpu_heading = _budget(args, fmt.name, say)
+    budget, gpu_title = _budget(args, fmt.name, say)
     validate_prefill_context_parallel(args.pcp_size)
     speculation = (
         None
@@ -325,7 +319,6 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         config,
         amd_arch,
         aiter,
-        gpu_heading,
     )
 
 

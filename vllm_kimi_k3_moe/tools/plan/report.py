@@ -68,11 +68,14 @@ def _render(
 
 
 def wide_table(
-    plans: Sequence[DeploymentPlan], format_title: str = "", gpu: str | None = None
+    plans: Sequence[DeploymentPlan],
+    format_title: str = "",
+    gpu: str | None = None,
+    memory_given: bool = False,
 ) -> str:
     """``--wide``: one row per deployment with every column; per-GPU
     figures, GB = 10^9 bytes (``format_title``: the format's, by default;
-    ``gpu``: how the heading names the GPU, as ``table``'s)."""
+    ``gpu``, ``memory_given``: as ``table``'s)."""
     first = plans[0]
     layers = first.moe.moe_layers
     budget, serving = first.budget, first.serving
@@ -133,6 +136,7 @@ def wide_table(
                 serving,
                 "sized by vLLM's own block-pool planner from the built layers' "
                 "KV-cache specs.",
+                memory_given,
             ),
             *_kv_columns_note(plans),
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} bytes "
@@ -176,13 +180,15 @@ def table(
     marked: Collection[Topology] = (),
     format_title: str = "",
     gpu: str | None = None,
+    memory_given: bool = False,
 ) -> str:
     """The default table: one row per deployment, what a person deciding
     needs (120 columns): the layout (`` *`` after those ``marked``), the
     heaviest GPU's weights as vLLM alone and with the plugin allocate them,
     and, with a GPU size, whether each fits, the KV cache and why not.
     ``gpu``: how the heading names the GPU, once (default: its size in
-    GB); every other line gives its memory in GB alone."""
+    GB); the fits note gives its memory in GB, and the GiB
+    ``--gpu-memory-gib`` gave where ``memory_given``."""
     first = plans[0]
     budget, serving = first.budget, first.serving
     groups = [
@@ -234,7 +240,9 @@ def table(
         lines += _refusals(plans)
     if budget is not None:
         kv = first.kv_cache
-        lines += _fits_note(budget, serving, "sized by vLLM's own planner.")
+        lines += _fits_note(
+            budget, serving, "sized by vLLM's own planner.", memory_given
+        )
         lines.append(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence."
@@ -305,7 +313,7 @@ def _gpu_heading(budget: KvBudget | None, gpu: str | None) -> str:
     ``gpu``, else its memory in GB; nothing without a GPU size."""
     if budget is None:
         return ""
-    return f", GPU: {gpu or f'{_gpu_gb(budget):.1f} GB'}"
+    return f", {gpu or f'{_gpu_gb(budget):.1f} GB'} GPUs"
 
 
 def _indexer_note(kv: KvCacheShape) -> list[str]:
@@ -335,10 +343,14 @@ def _draft_note(plans: Sequence[DeploymentPlan]) -> list[str]:
     ]
 
 
-def _fits_note(budget: KvBudget, serving: Serving, rest: str) -> list[str]:
+def _fits_note(
+    budget: KvBudget, serving: Serving, rest: str, memory_given: bool = False
+) -> list[str]:
     """What "fits" means on the installed vLLM, in the rows' GB alone (the
     options are in GiB: ``--reserve-gib`` is named, its figure in GB), then
-    ``rest``; wrapped to 80 columns."""
+    ``rest``; wrapped to 80 columns. The GPU's memory is as vLLM sees it
+    (a preset's), or as ``--gpu-memory-gib`` gave it (``memory_given``: its
+    GiB said here, once)."""
     share = "--gpu-memory-utilization"
     if not budget.utilization_given:
         share = f"{VLLM}'s default {share}"
@@ -362,7 +374,12 @@ def _fits_note(budget: KvBudget, serving: Serving, rest: str) -> list[str]:
     taken = "all" if budget.utilization == 1 else f"{budget.utilization:g}"
     return textwrap.wrap(
         f"fits: vLLM takes {taken} of each GPU's {_gpu_gb(budget):.1f} GB "
-        f"({share}: {budget.requested_bytes / GB:.1f} GB){sizing}, less the "
+        + (
+            f"({budget.gpu_memory_gib:g} GiB as given; "
+            if memory_given
+            else "(as vLLM sees it; "
+        )
+        + f"{share}: {budget.requested_bytes / GB:.1f} GB){sizing}, less the "
         f"weights and a {budget.reserve_bytes / GB:.1f} GB reserve ({made}); the "
         f"rest is KV cache, {rest} It fits when that holds one request of "
         f"--max-model-len {serving.max_model_len}.",
@@ -475,20 +492,22 @@ def advice(
     unmarked: str = "",
     pick: Callable[[Topology], str] | None = None,
     next_step: Sequence[str] = (),
+    memory_given: bool = False,
 ) -> str:
     """The advisor's answer: the layouts that build, ordered by memory as
     the planner orders them (fitting first, most KV cache first), those run
     in public (``public``) marked (else ``unmarked`` says why none is), then
     the ``vllm serve`` commands of the first few that fit and of the public
     ones that fit, and (``pick``: the plan command that sizes one layout
-    alone) how to get any other's; where none fits, ``next_step``'s lines."""
+    alone) how to get any other's; where none fits, ``next_step``'s lines
+    (``memory_given``: as ``table``'s)."""
     marked = {layout.topology for layout in public}
     rows = [p for p in plans if _in_table(p)]
     heading = (
         f"{title}\nOrdered by memory alone: layouts that fit first, most KV cache "
         "first (speed is not measured)."
     )
-    lines = [table(rows, heading, marked)]
+    lines = [table(rows, heading, marked, memory_given=memory_given)]
     if public:
         sources = ", ".join(f"{x.topology.label()} ({x.source})" for x in public)
         lines += _paragraph(
