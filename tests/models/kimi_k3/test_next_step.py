@@ -78,7 +78,7 @@ def test_the_advisor_ends_with_the_next_step(kimi_model, capsys, monkeypatch):
     asked = ["--gpu-memory-gib", str(GIB), "--gpus-per-node", "2"]
     assert main(["plan", "--gpus", "1", *asked]) == 0
     out = capsys.readouterr().out
-    title = "1073.7 GB"  # 1000 GiB, in the heading's unit
+    title = "1073.7 GB NVIDIA (assumed: no --gpu-arch)"  # 1000 GiB, in GB
     assert f"No layout of 1 x {title} fits" in out
     assert f"    vllm-kimi-k3-moe plan --gpus 2 {' '.join(asked)}" in out
     assert f"No other format fits 1 x {title} either (bf16" in out

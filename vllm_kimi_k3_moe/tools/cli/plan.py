@@ -54,6 +54,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     AMD_MOE_BACKENDS,
     AMD_PRESETS,
     GPU_ARCHS,
+    XPU,
     XPU_MOE_BACKENDS,
     XPU_PRESETS,
 )
@@ -322,11 +323,13 @@ def run(args: argparse.Namespace) -> int:
         _plot(args.plot, plans, asked)
     _note_dsa_config_unread(asked.text_config)
     _note_kernel_not_verified(kernel, args.gpu)
+    _note_attention_borrowed(asked.amd_arch, gpu_label(args))
     note_online(asked.online, plans, _say)
+    given = args.gpu_memory_gib is not None  # the fits note says it once
     if args.json:
         print(as_json(plans))
     elif args.wide:
-        print(wide_table(plans, asked.quantization_title))
+        print(wide_table(plans, asked.quantization_title, asked.gpu_title, given))
         print(serve_commands(plans))
     elif args.gpus is not None:
         title = (
@@ -351,12 +354,12 @@ def run(args: argparse.Namespace) -> int:
                 unmarked,
                 lambda topology: plan_command(args, topology),
                 step,
+                given,
             )
         )
     else:
-        # a GPU by its memory alone: its vendor (assumed or given) heads it
-        gpu = None if args.gpu is not None else asked.gpu_title
-        print(table(plans, format_title=asked.quantization_title, gpu=gpu))
+        # the GPU named once: the heading names it, the fits note its memory
+        print(table(plans, None, (), asked.quantization_title, asked.gpu_title, given))
         print(serve_commands(plans))
     return 0
 
@@ -434,6 +437,22 @@ def _note_kernel_not_verified(kernel: KernelOnGpu | None, gpu: str) -> None:
             f"plan: note: whether vLLM's {kernel.kernel} (--moe-backend "
             f"{kernel.backend}) runs on {gpu} is not known here: its device "
             "check needs a library this machine lacks",
+            file=sys.stderr,
+        )
+
+
+def _note_attention_borrowed(arch: str | None, gpu: str) -> None:
+    """On an AMD or Intel GPU only the MoE layers are vLLM's AMD model as
+    that platform builds them: say in one line that attention and its KV
+    cache are sized as on NVIDIA, rather than borrow those figures silently
+    (the stand-ins make ROCm's MoE selection, not its attention backends)."""
+    if arch is not None:
+        platform = "XPU" if arch == XPU else "ROCm"
+        print(
+            f"plan: note: on {gpu} only the MoE layers are sized as vLLM builds "
+            f"them on {platform}; attention, its backend and the KV cache "
+            f"(per token, blocks, KDA state) are sized as on NVIDIA GPUs: "
+            f"{platform}'s attention is not built here",
             file=sys.stderr,
         )
 

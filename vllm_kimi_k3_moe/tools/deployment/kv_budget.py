@@ -107,9 +107,10 @@ def kv_budget(budget: GpuBudget, cache_config: Any) -> KvBudget:
         requested = request_memory(snapshot, cache_config)
     except ValueError as error:
         raise BudgetError(
-            f"{compat.VLLM} would not start on {budget.gpu_memory_gib:g} GiB "
-            f"GPUs ({CONTEXT_GIB:g} GiB estimated for the CUDA context and "
-            f"NCCL): {' '.join(str(error).split())}"
+            f"{compat.VLLM} would not start on GPUs of "
+            f"{budget.gpu_memory_gib * GIB / 10**9:.1f} GB "
+            f"({CONTEXT_GIB * GIB / 10**9:.1f} GB estimated for the CUDA context "
+            f"and NCCL): {' '.join(str(error).split())}"
         ) from None
     sizing = compat.kv_cache_sizing_after_warmup(cache_config)
     if budget.reserve_gib is not None:

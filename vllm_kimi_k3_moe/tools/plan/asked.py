@@ -84,7 +84,8 @@ class PlanInput:
     deployments: list[Deployment]  # explicit mode; the advisor enumerates
     serving: Serving
     budget: GpuBudget | None
-    gpu_title: str | None  # the preset's name, or the memory given, in GB
+    # the preset's name, or the memory given, in GB: how every line names it
+    gpu_title: str | None
     backend: str  # --moe-backend, as vLLM spells it
     speculation: Speculation | None  # --speculative-config
     # --quantization naming a vLLM method that quantizes the BF16 checkpoint
@@ -106,14 +107,15 @@ class PlanInput:
 def _budget(
     args: argparse.Namespace, quantization: str, say: Callable[[str], None]
 ) -> tuple[GpuBudget | None, str | None]:
+    """The GPU's budget and the name every line gives it."""
     if args.gpu is not None and args.gpu_memory_gib is not None:
         raise BudgetError("give --gpu or --gpu-memory-gib, not both")
     if args.gpu is not None:
         preset = gpu_preset(args.gpu)
         memory, title = preset.memory_gib, preset.title
     elif args.gpu_memory_gib is not None:
-        # in GB, the unit of the headings it appears in (GB = 10^9 bytes),
-        # with the vendor: never NVIDIA silently
+        # in GB, the unit of the answer (GB = 10^9 bytes), with the vendor:
+        # never NVIDIA silently (the fits note says the GiB given, once)
         memory = args.gpu_memory_gib
         title = memory_gpu_title(memory, args.gpu_arch)
     else:
@@ -145,7 +147,7 @@ def _kernel_utilization(
         say(
             f"plan: note: --moe-backend {backend} is sized and served at "
             f"--gpu-memory-utilization {utilization:g}, as vLLM's recipe runs it: "
-            "its kernel allocates about 1.6 GiB outside vLLM's pool on its "
+            "its kernel allocates about 1.7 GB outside vLLM's pool on its "
             "first forward"
         )
     return utilization
@@ -341,7 +343,7 @@ def gpu_label(args: argparse.Namespace) -> str:
         return args.gpu
     if args.gpu_memory_gib is None:
         return "any GPU"
-    return f"a {args.gpu_memory_gib:g} GiB " + (args.gpu_arch or "NVIDIA") + " GPU"
+    return f"a {memory_gpu_title(args.gpu_memory_gib, args.gpu_arch)} GPU"
 
 
 # --moe-backend's default (``cli.common``): NVIDIA's; on an AMD GPU it names

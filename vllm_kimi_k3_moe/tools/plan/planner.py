@@ -424,7 +424,7 @@ class Planner:
 # What ``vllm serve`` allocates beside the parameters the planner counts.
 NOT_COUNTED = (
     "what kernels add after loading (MLA's absorbed matrices)",
-    "the vision tower's RoPE table (128 MiB, made at its first forward)",
+    "the vision tower's RoPE table (134 MB, made at its first forward)",
 )
 # ... and without --speculative-config
 NO_DRAFT = "a speculative draft's weights and KV cache (--speculative-config)"

@@ -10,7 +10,11 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from vllm_kimi_k3_moe.compat import VLLM
-from vllm_kimi_k3_moe.tools.deployment.gpu_budget import ACTIVATIONS_GIB, CONTEXT_GIB
+from vllm_kimi_k3_moe.tools.deployment.gpu_budget import (
+    ACTIVATIONS_GIB,
+    CONTEXT_GIB,
+    GIB,
+)
 from vllm_kimi_k3_moe.tools.deployment.kv_budget import KvBudget
 from vllm_kimi_k3_moe.tools.deployment.topology import Serving, Topology
 from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCacheShape
@@ -63,9 +67,15 @@ def _render(
     return ["  ".join(spans).rstrip(), line(names), *(line(r) for r in rows)]
 
 
-def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
+def wide_table(
+    plans: Sequence[DeploymentPlan],
+    format_title: str = "",
+    gpu: str | None = None,
+    memory_given: bool = False,
+) -> str:
     """``--wide``: one row per deployment with every column; per-GPU
-    figures, GB = 10^9 bytes (``format_title``: the format's, by default)."""
+    figures, GB = 10^9 bytes (``format_title``: the format's, by default;
+    ``gpu``, ``memory_given``: as ``table``'s)."""
     first = plans[0]
     layers = first.moe.moe_layers
     budget, serving = first.budget, first.serving
@@ -126,8 +136,9 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
                 serving,
                 "sized by vLLM's own block-pool planner from the built layers' "
                 "KV-cache specs.",
+                memory_given,
             ),
-            *_kv_columns_note(first),
+            *_kv_columns_note(plans),
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} bytes "
             f"per token on every GPU ({kv.mla_layers} MLA layers), plus",
             f"the state of {kv.kda_layers} KDA layers per sequence, split by TP.",
@@ -136,7 +147,8 @@ def wide_table(plans: Sequence[DeploymentPlan], format_title: str = "") -> str:
     return "\n".join(
         [
             f"Kimi-K3 per GPU on {VLLM}: {format_title or d.format.title} on "
-            f"{d.backend}, {layers} MoE layers, GB = 10^9 bytes",
+            f"{d.backend}, {layers} MoE layers, GB = 10^9 bytes"
+            + _gpu_heading(budget, gpu),
             "",
             *_render(groups, rows),
             "",
@@ -168,12 +180,15 @@ def table(
     marked: Collection[Topology] = (),
     format_title: str = "",
     gpu: str | None = None,
+    memory_given: bool = False,
 ) -> str:
     """The default table: one row per deployment, what a person deciding
     needs (120 columns): the layout (`` *`` after those ``marked``), the
     heaviest GPU's weights as vLLM alone and with the plugin allocate them,
     and, with a GPU size, whether each fits, the KV cache and why not.
-    ``gpu``: how the heading names the GPU (default: its size in GB)."""
+    ``gpu``: how the heading names the GPU, once (default: its size in
+    GB); the fits note gives its memory in GB, and the GiB
+    ``--gpu-memory-gib`` gave where ``memory_given``."""
     first = plans[0]
     budget, serving = first.budget, first.serving
     groups = [
@@ -207,8 +222,7 @@ def table(
         title
         or (
             f"Kimi-K3 per GPU on {VLLM}: {format_title or d.format.title} on "
-            f"{d.backend}, GB = 10^9 bytes"
-            + (f", {gpu or f'{_gpu_gb(budget)} GB'} GPUs" if budget else "")
+            f"{d.backend}, GB = 10^9 bytes" + _gpu_heading(budget, gpu)
         ),
         "",
         *_render(groups, rows, left_last=budget is not None),
@@ -226,12 +240,14 @@ def table(
         lines += _refusals(plans)
     if budget is not None:
         kv = first.kv_cache
-        lines += _fits_note(budget, serving, "sized by vLLM's own planner.")
+        lines += _fits_note(
+            budget, serving, "sized by vLLM's own planner.", memory_given
+        )
         lines.append(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence."
         )
-        lines += _kv_columns_note(first)
+        lines += _kv_columns_note(plans)
         lines += _indexer_note(kv)
     return "\n".join(lines + _dcp_note(plans) + _draft_note(plans))
 
@@ -255,19 +271,18 @@ def _refusals(plans: Sequence[DeploymentPlan]) -> list[str]:
     return lines
 
 
-def _kv_columns_note(plan: DeploymentPlan) -> list[str]:
+def _kv_columns_note(plans: Sequence[DeploymentPlan]) -> list[str]:
     """What the KV columns are, and why they move with --max-model-len the
     way they do (vLLM's ``get_kv_cache_capacity``: tokens are its maximum
     concurrency times the length)."""
-    kda = plan.kv_cache.kda_bytes_per_sequence
-    length = plan.serving.max_model_len
+    length = plans[0].serving.max_model_len
     return textwrap.wrap(
         "requests: how many requests of --max-model-len "
         f"({length}) tokens the KV cache holds at once (vLLM's maximum "
         "concurrency); KV tokens: requests x --max-model-len, as vLLM logs its "
-        "KV cache size. Each request also holds its KDA state "
-        f"({kda / GB * 1000:.0f} MB on a GPU of the whole model) whatever its "
-        "length, so a shorter --max-model-len holds more requests and fewer "
+        "KV cache size. Each request also holds its KDA state whatever its "
+        f"length ({_kda_state(plans)}), so a shorter --max-model-len holds "
+        "more requests and fewer "
         "KV tokens; more GPU memory, a lighter layout or an fp8 --kv-cache-dtype "
         "raise both.",
         80,
@@ -275,9 +290,30 @@ def _kv_columns_note(plan: DeploymentPlan) -> list[str]:
     )
 
 
-def _gpu_gb(budget: KvBudget) -> str:
-    """A GPU's memory in the heading's unit, GB (the options give GiB)."""
-    return f"{budget.gpu_memory_gib * 2**30 / GB:.1f}"
+def _kda_state(plans: Sequence[DeploymentPlan]) -> str:
+    """Each request's KDA state on a GPU of the layouts ``plans`` size, by
+    TP size (which splits it; DCP does not), as vLLM's specs give it for a
+    GPU holding every layer (pipeline stages share it out)."""
+    by_tp: dict[int, int] = {}
+    for p in plans:
+        by_tp.setdefault(p.deployment.tp_size, p.kv_cache.kda_bytes_per_sequence)
+    sizes = ", ".join(
+        f"{kda / GB * 1000:.0f} MB at TP{tp}" for tp, kda in sorted(by_tp.items())
+    )
+    return f"per GPU holding every layer: {sizes}; pipeline stages share it out"
+
+
+def _gpu_gb(budget: KvBudget) -> float:
+    """A GPU's memory in the answer's unit, GB (the options give GiB)."""
+    return budget.gpu_memory_gib * 2**30 / GB
+
+
+def _gpu_heading(budget: KvBudget | None, gpu: str | None) -> str:
+    """The heading's words for the GPU, the one place they name it:
+    ``gpu``, else its memory in GB; nothing without a GPU size."""
+    if budget is None:
+        return ""
+    return f", {gpu or f'{_gpu_gb(budget):.1f} GB'} GPUs"
 
 
 def _indexer_note(kv: KvCacheShape) -> list[str]:
@@ -307,9 +343,14 @@ def _draft_note(plans: Sequence[DeploymentPlan]) -> list[str]:
     ]
 
 
-def _fits_note(budget: KvBudget, serving: Serving, rest: str) -> list[str]:
-    """What "fits" means on the installed vLLM, in the rows' GB (the
-    options are in GiB), then ``rest``; wrapped to 80 columns."""
+def _fits_note(
+    budget: KvBudget, serving: Serving, rest: str, memory_given: bool = False
+) -> list[str]:
+    """What "fits" means on the installed vLLM, in the rows' GB alone (the
+    options are in GiB: ``--reserve-gib`` is named, its figure in GB), then
+    ``rest``; wrapped to 80 columns. The GPU's memory is as vLLM sees it
+    (a preset's), or as ``--gpu-memory-gib`` gave it (``memory_given``: its
+    GiB said here, once)."""
     share = "--gpu-memory-utilization"
     if not budget.utilization_given:
         share = f"{VLLM}'s default {share}"
@@ -320,21 +361,26 @@ def _fits_note(budget: KvBudget, serving: Serving, rest: str) -> list[str]:
             "(its extensible KV cache)"
         )
     if budget.reserve_given:
-        made = "as given"
+        made = "as --reserve-gib gave it"
     elif budget.after_warmup:
         made = (
-            f"an estimate: CUDA context and NCCL {CONTEXT_GIB:g} GiB, "
-            f"activations and CUDA graphs {ACTIVATIONS_GIB:g} GiB, which vLLM "
-            "measures at start-up, and the margin vLLM keeps beside them"
+            f"an estimate: CUDA context and NCCL {CONTEXT_GIB * GIB / GB:.1f} GB, "
+            f"activations and CUDA graphs {ACTIVATIONS_GIB * GIB / GB:.1f} GB, "
+            "which vLLM measures at start-up, and the margin vLLM keeps beside "
+            "them; --reserve-gib replaces it"
         )
     else:
-        made = "an estimate"
+        made = "an estimate; --reserve-gib replaces it"
     taken = "all" if budget.utilization == 1 else f"{budget.utilization:g}"
     return textwrap.wrap(
-        f"fits: vLLM takes {taken} of each GPU ({share}: "
-        f"{budget.requested_bytes / GB:.1f} GB of {budget.gpu_memory_gib:g} "
-        f"GiB){sizing}, less the weights and a {budget.reserve_bytes / GB:.1f} "
-        f"GB reserve (--reserve-gib {budget.reserve_gib:.3g}, {made}); the "
+        f"fits: vLLM takes {taken} of each GPU's {_gpu_gb(budget):.1f} GB "
+        + (
+            f"({budget.gpu_memory_gib:g} GiB as given; "
+            if memory_given
+            else "(as vLLM sees it; "
+        )
+        + f"{share}: {budget.requested_bytes / GB:.1f} GB){sizing}, less the "
+        f"weights and a {budget.reserve_bytes / GB:.1f} GB reserve ({made}); the "
         f"rest is KV cache, {rest} It fits when that holds one request of "
         f"--max-model-len {serving.max_model_len}.",
         80,
@@ -446,20 +492,22 @@ def advice(
     unmarked: str = "",
     pick: Callable[[Topology], str] | None = None,
     next_step: Sequence[str] = (),
+    memory_given: bool = False,
 ) -> str:
     """The advisor's answer: the layouts that build, ordered by memory as
     the planner orders them (fitting first, most KV cache first), those run
     in public (``public``) marked (else ``unmarked`` says why none is), then
     the ``vllm serve`` commands of the first few that fit and of the public
     ones that fit, and (``pick``: the plan command that sizes one layout
-    alone) how to get any other's; where none fits, ``next_step``'s lines."""
+    alone) how to get any other's; where none fits, ``next_step``'s lines
+    (``memory_given``: as ``table``'s)."""
     marked = {layout.topology for layout in public}
     rows = [p for p in plans if _in_table(p)]
     heading = (
         f"{title}\nOrdered by memory alone: layouts that fit first, most KV cache "
         "first (speed is not measured)."
     )
-    lines = [table(rows, heading, marked)]
+    lines = [table(rows, heading, marked, memory_given=memory_given)]
     if public:
         sources = ", ".join(f"{x.topology.label()} ({x.source})" for x in public)
         lines += _paragraph(
