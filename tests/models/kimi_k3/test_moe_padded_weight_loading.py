@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tests.models.kimi_k3 import kimi_k3_shapes as k3
-from tests.models.kimi_k3.builders import MXFP4_FORMATS, routed_experts
+from tests.models.kimi_k3.builders import routed_experts
+from tests.models.kimi_k3.marks import on_both_quantization_paths
 from tests.models.kimi_k3.mxfp4_checkpoint import (
     UNWRITTEN,
     checkpoint_indices,
@@ -20,8 +21,6 @@ from tests.models.kimi_k3.mxfp4_checkpoint import (
 from tests.models.kimi_k3.traced_checkpoint import assert_every_element_once
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.rank import Rank
-
-on_both_quantization_paths = pytest.mark.parametrize("quantization", MXFP4_FORMATS)
 
 TP_SIZE = 32
 RAW_LOCAL = 96  # 3072 // 32

@@ -12,9 +12,9 @@ from tests.models.kimi_k3 import kimi_k3_shapes as k3
 from tests.models.kimi_k3.builders import (
     build_kimi_moe_layer,
     kimi_k3_text_config,
-    on_both_quantization_paths,
     routed_experts,
 )
+from tests.models.kimi_k3.marks import on_both_quantization_paths
 from tests.models.kimi_k3.mxfp4_checkpoint import (
     checkpoint_indices,
     digit_plane,
