@@ -20,6 +20,7 @@ from tests.models.kimi_k3.preparation.harness import PreparationCase
 from tests.models.kimi_k3.preparation.updates import (
     PATHS,
     differences,
+    has_lifecycle,
     served_rank,
     snapshot,
     weights_of,
@@ -34,22 +35,10 @@ TP8_EP = Topology(8, expert_parallel=True)
 UPDATES = (1, 2)  # weights B and C after A (0): two updates in a row
 
 
-def _has_lifecycle() -> bool:
-    """vLLM 0.34's update lifecycle (``start_reload`` / ``finish_reload``,
-    direct mode, load plans, EPLB's recovery); 0.33 has none."""
-    from vllm.model_executor.model_loader import reload
-
-    return hasattr(reload, "start_reload")
-
-
 def _paths_of_this_vllm() -> list[str]:
     """The update paths this vLLM has: the public reload on both releases,
     the rest on 0.34."""
-    return [p for p in PATHS if p == "reload_weights" or _has_lifecycle()]
-
-
-def _mode(path: str) -> str:
-    return "direct" if path in ("direct", "load_plan") else "layerwise"
+    return [p for p in PATHS if p == "reload_weights" or has_lifecycle()]
 
 
 # Fresh loads already taken, by everything ``served_rank`` builds and loads
@@ -119,14 +108,6 @@ def updated_like_fresh(
                     f"{case.label()}, update {version} through {path}: {wrong}"
                 )
     return problems
-
-
-@pytest.fixture
-def reload_mode(monkeypatch: pytest.MonkeyPatch):
-    def set_mode(path: str) -> None:
-        monkeypatch.setenv("VLLM_RELOAD_MODE", _mode(path))
-
-    return set_mode
 
 
 @pytest.mark.parametrize("path", _paths_of_this_vllm())
@@ -202,7 +183,7 @@ def test_bf16_updates_into_an_online_quantized_model(
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.skipif(not _has_lifecycle(), reason="EPLB's recovery is vLLM 0.34's")
+@pytest.mark.skipif(not has_lifecycle(), reason="EPLB's recovery is vLLM 0.34's")
 def test_eplb_recovery_reloads_experts_from_disk(kimi_model, reload_mode) -> None:
     """vLLM 0.34's recovery after a dead expert-parallel peer reloads each
     GPU's experts from the checkpoint on disk, twice, each format, on GPUs of
@@ -216,7 +197,7 @@ def test_eplb_recovery_reloads_experts_from_disk(kimi_model, reload_mode) -> Non
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.skipif(not _has_lifecycle(), reason="EPLB's recovery is vLLM 0.34's")
+@pytest.mark.skipif(not has_lifecycle(), reason="EPLB's recovery is vLLM 0.34's")
 def test_kimi_k3_gives_eplb_no_redundant_slots(kimi_model) -> None:
     """Why EPLB's recovery is tested with the placement kept: vLLM 0.34's
     Kimi-K3 builds no redundant expert slots even with ``--enable-eplb``

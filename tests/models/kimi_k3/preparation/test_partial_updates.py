@@ -23,9 +23,11 @@ import pytest
 from tests.models.kimi_k3.preparation.harness import PreparationCase
 from tests.models.kimi_k3.preparation.test_refused_updates import storage_of
 from tests.models.kimi_k3.preparation.updates import (
+    OTHER_FORMATS,
     PATHS,
     Weights,
     differences,
+    has_lifecycle,
     served_rank,
     snapshot,
     weights_of,
@@ -34,12 +36,6 @@ from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
 
 TP8, TP32 = Topology(8), Topology(32)
-
-
-def _has_lifecycle() -> bool:
-    from vllm.model_executor.model_loader import reload
-
-    return hasattr(reload, "start_reload")
 
 
 def _expert_and_projection(name: str) -> tuple[int, str]:
@@ -101,16 +97,7 @@ def sent_in_parts(
     return [f"{case.label()}, {path}, {name}: {p}" for p in problems]
 
 
-@pytest.fixture
-def reload_mode(monkeypatch: pytest.MonkeyPatch):
-    def set_mode(path: str) -> None:
-        mode = "direct" if path == "direct" else "layerwise"
-        monkeypatch.setenv("VLLM_RELOAD_MODE", mode)
-
-    return set_mode
-
-
-LAYERWISE = ["reload_weights"] + (["start_reload"] if _has_lifecycle() else [])
+LAYERWISE = ["reload_weights"] + (["start_reload"] if has_lifecycle() else [])
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -128,10 +115,7 @@ def test_mxfp4_marlin_partial_updates_keep_the_rest(
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize(
-    ("config", "backend"),
-    [("fp8-block", "marlin"), ("nvfp4", "marlin"), ("awq", "marlin")],
-)
+@pytest.mark.parametrize(("config", "backend"), OTHER_FORMATS)
 def test_every_format_partial_updates_keep_the_rest(
     kimi_model, reload_mode, config, backend
 ) -> None:
@@ -206,7 +190,7 @@ def test_w1_without_w3_is_refused_with_nothing_written(
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.skipif(not _has_lifecycle(), reason="direct mode is vLLM 0.34's")
+@pytest.mark.skipif(not has_lifecycle(), reason="direct mode is vLLM 0.34's")
 def test_direct_mode_refuses_some_experts_at_finish(kimi_model, reload_mode) -> None:
     """Direct mode keeps nothing of what was not sent: two experts only are
     refused at the finish, naming the others, and B whole lands right."""

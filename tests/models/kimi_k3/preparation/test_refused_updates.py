@@ -18,9 +18,11 @@ import torch
 
 from tests.models.kimi_k3.preparation.harness import PreparationCase
 from tests.models.kimi_k3.preparation.updates import (
+    OTHER_FORMATS,
     PATHS,
     Weights,
     differences,
+    has_lifecycle,
     reload_from_disk,
     served_rank,
     snapshot,
@@ -33,19 +35,13 @@ TP8, TP32 = Topology(8), Topology(32)
 TP8_EP = Topology(8, expert_parallel=True)
 
 
-def _has_lifecycle() -> bool:
-    from vllm.model_executor.model_loader import reload
-
-    return hasattr(reload, "start_reload")
-
-
 def _paths() -> list[str]:
     """The update paths this vLLM has that call the experts' loaders (a load
     plan copies without them)."""
     return [
         path
         for path in ("reload_weights", "start_reload", "eplb_recovery", "direct")
-        if path == "reload_weights" or _has_lifecycle()
+        if path == "reload_weights" or has_lifecycle()
     ]
 
 
@@ -109,15 +105,6 @@ def refused_then_whole(
     return [f"{case.label()}, {path}, {which} cut short: {p}" for p in problems]
 
 
-@pytest.fixture
-def reload_mode(monkeypatch: pytest.MonkeyPatch):
-    def set_mode(path: str) -> None:
-        mode = "direct" if path == "direct" else "layerwise"
-        monkeypatch.setenv("VLLM_RELOAD_MODE", mode)
-
-    return set_mode
-
-
 @pytest.mark.parametrize("which", ["first", "last"])
 @pytest.mark.parametrize("path", _paths())
 def test_mxfp4_marlin_refused_update_then_whole_ones(
@@ -138,10 +125,7 @@ def test_mxfp4_marlin_refused_update_then_whole_ones(
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize(
-    ("config", "backend"),
-    [("fp8-block", "marlin"), ("nvfp4", "marlin"), ("awq", "marlin")],
-)
+@pytest.mark.parametrize(("config", "backend"), OTHER_FORMATS)
 def test_every_format_refused_update_then_whole_ones(
     kimi_model, reload_mode, config, backend
 ) -> None:

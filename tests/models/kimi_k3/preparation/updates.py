@@ -331,6 +331,19 @@ def _write_checkpoint(model_dir: Path, directory: Path, weights: Weights) -> Non
     )
 
 
+def has_lifecycle() -> bool:
+    """vLLM 0.34's update lifecycle (``start_reload`` / ``finish_reload``,
+    direct mode, load plans, EPLB's recovery); 0.33 has none."""
+    from vllm.model_executor.model_loader import reload
+
+    return hasattr(reload, "start_reload")
+
+
+# Formats beside the release, each on Marlin: FP8 in [128, 128] blocks, NVFP4,
+# INT4 in groups of 128 (AutoAWQ). At TP32 their whole groups of 128 rows
+# leave GPUs 24 to 31 none of FP8's and INT4's: test them on GPU 0.
+OTHER_FORMATS = [("fp8-block", "marlin"), ("nvfp4", "marlin"), ("awq", "marlin")]
+
 PATHS: dict[str, Callable[[ServedRank, Weights, dict], None]] = {
     "reload_weights": reload_weights,
     "start_reload": start_and_finish,
