@@ -26,13 +26,13 @@ from tests.models.kimi_k3.preparation.test_in_place_updates import (
     FORMATS,
     LAYOUTS,
     UPDATES,
-    _mode,
     _paths_of_this_vllm,
     ranks_to_update,
 )
 from tests.models.kimi_k3.preparation.updates import (
     PATHS,
     differences,
+    reload_mode_of,
     served_rank,
     snapshot,
     weights_of,
@@ -89,7 +89,7 @@ def main() -> None:
     print("| path | format | layout | vLLM alone | plugin |")
     print("|---|---|---|---|---|")
     for path in args.path or _paths_of_this_vllm():
-        os.environ["VLLM_RELOAD_MODE"] = _mode(path)
+        os.environ["VLLM_RELOAD_MODE"] = reload_mode_of(path)
         layouts = [t for t in LAYOUTS if path != "eplb_recovery" or t.expert_parallel]
         for config, backend in FORMATS:
             if args.format and config not in args.format:

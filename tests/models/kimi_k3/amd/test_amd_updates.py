@@ -15,11 +15,11 @@ import pytest
 from tests.models.kimi_k3.amd.conftest import on_an_amd_gpu
 from tests.models.kimi_k3.preparation.harness import PreparationCase
 from tests.models.kimi_k3.preparation.test_in_place_updates import (
-    _mode,
     _paths_of_this_vllm,
     ranks_to_update,
     updated_like_fresh,
 )
+from tests.models.kimi_k3.preparation.updates import reload_mode_of
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
 TP32 = Topology(32)
@@ -34,7 +34,7 @@ def on_an_mi300x(deployment: Any) -> Any:
 def test_updates_on_emulation_at_tp32(amd_model, monkeypatch, path) -> None:
     if path == "eplb_recovery":
         pytest.skip("EPLB reloads expert-parallel layers: not at TP32")
-    monkeypatch.setenv("VLLM_RELOAD_MODE", _mode(path))
+    monkeypatch.setenv("VLLM_RELOAD_MODE", reload_mode_of(path))
     problems = []
     for rank in ranks_to_update(TP32):
         case = PreparationCase("mxfp4", "auto", TP32, rank, rows=HELD_AT_TP32)

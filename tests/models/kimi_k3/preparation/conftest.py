@@ -7,15 +7,15 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.models.kimi_k3.preparation.updates import reload_mode_of
+
 
 @pytest.fixture
 def reload_mode(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    """Set ``VLLM_RELOAD_MODE`` as ``path`` (``updates.PATHS``) runs: vLLM
-    0.34's direct mode for ``direct`` and load plans, else the layerwise
-    default (0.33 reads no such variable)."""
+    """Set ``VLLM_RELOAD_MODE`` as ``path`` (``updates.PATHS``) runs it
+    (0.33 reads no such variable)."""
 
     def set_mode(path: str) -> None:
-        mode = "direct" if path in ("direct", "load_plan") else "layerwise"
-        monkeypatch.setenv("VLLM_RELOAD_MODE", mode)
+        monkeypatch.setenv("VLLM_RELOAD_MODE", reload_mode_of(path))
 
     return set_mode

@@ -331,6 +331,12 @@ def _write_checkpoint(model_dir: Path, directory: Path, weights: Weights) -> Non
     )
 
 
+def reload_mode_of(path: str) -> str:
+    """The ``VLLM_RELOAD_MODE`` the update path ``path`` runs in: vLLM 0.34's
+    direct mode for ``direct`` and load plans, else the layerwise default."""
+    return "direct" if path in ("direct", "load_plan") else "layerwise"
+
+
 def has_lifecycle() -> bool:
     """vLLM 0.34's update lifecycle (``start_reload`` / ``finish_reload``,
     direct mode, load plans, EPLB's recovery); 0.33 has none."""
