@@ -83,10 +83,9 @@ def hold_update_to_headers(model_config: Any, model: nn.Module) -> None:
         if loading.is_local(int(expert)):
             sent[id(loading)].add(int(expert), projection, rest)
     for loading in updating:
-        local = [
-            e for e in range(loading.experts.global_num_experts) if loading.is_local(e)
-        ]
-        found = delivery(sent[id(loading)], local, loading.expert_tensors)
+        found = delivery(
+            sent[id(loading)], loading.local_experts(), loading.expert_tensors
+        )
         problems += [
             f"{loading.sent_prefix}{expert}: {group} without {', '.join(missing)}"
             for expert, group, missing in found.partial

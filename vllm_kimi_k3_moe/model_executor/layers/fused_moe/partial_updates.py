@@ -130,8 +130,8 @@ def refuse(layer_name: str, why: str) -> None:
 def expert_tensors_of(layer: nn.Module) -> dict[str, torch.Tensor]:
     """The layer's tensors its kernel reads per group (``w13_*``, ``w2_*``),
     parameters and buffers, by name."""
-    tensors = {**dict(layer.named_parameters(recurse=False))}
-    tensors.update(dict(layer.named_buffers(recurse=False)))
+    tensors = dict(layer.named_parameters(recurse=False))
+    tensors.update(layer.named_buffers(recurse=False))
     return {name: t for name, t in tensors.items() if name.split("_")[0] in GROUPS}
 
 

@@ -226,6 +226,15 @@ class StrictExpertLoading:
     def is_local(self, expert_id: int) -> bool:
         return bool(self.experts.expert_map_manager.is_local_expert(expert_id))
 
+    def local_experts(self) -> dict[int, int]:
+        """This GPU's experts: global id -> its index in the layer's tensors."""
+        experts = self.experts
+        return {
+            expert: experts._map_global_expert_id_to_local_expert_id(expert)
+            for expert in range(experts.global_num_experts)
+            if self.is_local(expert)
+        }
+
     def loader_for(self, suffix: str, own: Callable[..., Any]) -> Callable[..., Any]:
         """The ``weight_loader`` for the expert parameter the checkpoint
         tensors ``<projection>.<suffix>`` load into, in front of its own
@@ -338,7 +347,7 @@ class StrictExpertLoading:
 
     def expected_slices(self) -> set[ExpertSlice]:
         """Every slice this rank must receive: its local experts' tensors."""
-        local = [e for e in range(self.experts.global_num_experts) if self.is_local(e)]
+        local = self.local_experts()
         return {
             ExpertSlice(expert, projection, suffix)
             for projection, suffix in self.expert_tensors
@@ -359,12 +368,7 @@ class StrictExpertLoading:
         if previous is None and not in_direct_mode:
             process_weights(layer)
             return
-        experts = self.experts
-        local = {
-            expert: experts._map_global_expert_id_to_local_expert_id(expert)
-            for expert in range(experts.global_num_experts)
-            if self.is_local(expert)
-        }
+        local = self.local_experts()
         found = delivery(sent, local, self.expert_tensors)
         name = self.sent_prefix.rstrip(".")
         check_before_preparing(name, sent, found, in_direct_mode)
