@@ -321,3 +321,38 @@ def test_every_linear_layer_a_method_quantizes_is_counted_quantized(
         built = build_rank(kimi_model.KimiMoE, layers, deployment, serving, model_dir)
     quantized, left = built.online_linear
     assert quantized > 0 and left == 0, built.online_linear
+
+
+@pytest.mark.parametrize(
+    "shape, axis", [((192, 3584), -1), ((3584, 96), -1), ((7, 64, 128), 1)]
+)
+def test_mxfp4_on_meta_is_what_the_torch_reference_gives(kimi_model, shape, axis):
+    """On ``meta`` the stood-in MXFP4 downcast (online MXFP4, which vLLM runs
+    once per expert) answers from the shapes vLLM's torch reference gives
+    for that input, asked once per shape: the same shapes, strides and
+    dtypes, a new tensor each call, the scale's shape as the kernel returns
+    it."""
+    import torch
+    from vllm.model_executor.layers.quantization.utils import mxfp4_utils
+    from vllm.third_party.triton_kernels.numerics_details.mxfp import (
+        downcast_to_mxfp_torch,
+    )
+
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import online_method_quantizers
+
+    src = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    reference = downcast_to_mxfp_torch(src, torch.uint8, axis)
+    with online_method_quantizers():
+        first = mxfp4_utils.downcast_to_mxfp(src, axis)
+        again = mxfp4_utils.downcast_to_mxfp(src, axis)
+    for got in (first, again):
+        quant, scale, scale_shape = got
+        for tensor, expected in zip((quant, scale), reference, strict=True):
+            assert tensor.device.type == "meta"
+            assert (tensor.shape, tensor.stride(), tensor.dtype) == (
+                expected.shape,
+                expected.stride(),
+                expected.dtype,
+            )
+        assert scale_shape == tuple(reference[1].shape)
+    assert first[0] is not again[0]

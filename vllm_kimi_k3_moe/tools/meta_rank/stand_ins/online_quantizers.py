@@ -26,7 +26,12 @@ pads to zero, never to a stand-in's formula.
     not run on a CPU. The stand-in is the torch reference triton_kernels ships
     of the same conversion (``numerics_details.mxfp.downcast_to_mxfp_torch``),
     in vLLM's tree; it rounds the scale up where vLLM's kernel rounds it to
-    nearest even (OCP MX), so a value may land one E2M1 step apart.
+    nearest even (OCP MX), so a value may land one E2M1 step apart. On
+    ``meta`` (``plan``) the reference runs once per input shape, dtype and
+    axis: a ``meta`` tensor holds no values, so the shapes, strides and dtypes
+    it gives are all there is, and vLLM's online MXFP4 quantizes a rank's
+    experts one by one (896 alike at TP32, twice a layer: minutes of torch's
+    meta kernels).
 ``_C::scaled_fp4_quant.out`` (``ops.scaled_fp4_quant``: online NVFP4)
     csrc: per group of 16 values an FP8 (E4M3) scale of the group's largest
     magnitude over 6, times the tensor's global scale, the values divided by
@@ -51,6 +56,7 @@ Each is defined only for the block (and only where the op is missing).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -82,8 +88,34 @@ def _downcast_to_mxfp(
     )
 
     assert not args and not kwargs, "only mxfp4_quantize's call is stood in"
-    quant, scale = downcast_to_mxfp_torch(src_tensor, torch.uint8, axis)
+    if src_tensor.device.type == "meta":
+        quant, scale = (
+            torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            for shape, stride, dtype in _meta_outputs(
+                tuple(src_tensor.shape), src_tensor.stride(), src_tensor.dtype, axis
+            )
+        )
+    else:
+        quant, scale = downcast_to_mxfp_torch(src_tensor, torch.uint8, axis)
     return quant, scale, tuple(scale.shape)
+
+
+@functools.cache
+def _meta_outputs(
+    shape: tuple[int, ...], stride: tuple[int, ...], dtype: Any, axis: int
+) -> tuple[tuple[Any, ...], ...]:
+    """The shape, stride and dtype of each tensor the torch reference gives
+    for a ``meta`` input of ``shape``, ``stride`` and ``dtype``."""
+    import torch
+    from vllm.third_party.triton_kernels.numerics_details.mxfp import (
+        downcast_to_mxfp_torch,
+    )
+
+    src = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return tuple(
+        (tuple(t.shape), t.stride(), t.dtype)
+        for t in downcast_to_mxfp_torch(src, torch.uint8, axis)
+    )
 
 
 def _e2m1_codes(values: Any) -> Any:
