@@ -356,3 +356,35 @@ def test_mxfp4_on_meta_is_what_the_torch_reference_gives(kimi_model, shape, axis
             )
         assert scale_shape == tuple(reference[1].shape)
     assert first[0] is not again[0]
+
+
+@pytest.mark.parametrize("shape", [(192, 3584), (3584, 96), (100, 130)])
+def test_fp8_per_block_on_meta_is_what_its_python_gives(kimi_model, shape):
+    """On ``meta`` online FP8 per block's quantizer (vLLM compiles it) is
+    answered by its own Python, once per shape: the same shapes, strides
+    and dtypes, new tensors each call."""
+    import torch
+    from vllm.model_executor.layers.quantization.online import fp8 as online_fp8
+
+    from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import online_method_quantizers
+
+    src = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    compiled = online_fp8.per_block_cast_to_fp8
+    reference = compiled.__wrapped__(src, block_size=[BLOCK, BLOCK], use_ue8m0=False)
+    with online_method_quantizers():
+        first, again = (
+            online_fp8.per_block_cast_to_fp8(
+                src, block_size=[BLOCK, BLOCK], use_ue8m0=False
+            )
+            for _ in range(2)
+        )
+    assert online_fp8.per_block_cast_to_fp8 is compiled  # put back
+    for got in (first, again):
+        for tensor, expected in zip(got, reference, strict=True):
+            assert tensor.device.type == "meta"
+            assert (tensor.shape, tensor.stride(), tensor.dtype) == (
+                expected.shape,
+                expected.stride(),
+                expected.dtype,
+            )
+    assert first[0] is not again[0]

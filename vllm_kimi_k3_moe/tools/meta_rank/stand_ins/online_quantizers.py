@@ -27,11 +27,20 @@ pads to zero, never to a stand-in's formula.
     of the same conversion (``numerics_details.mxfp.downcast_to_mxfp_torch``),
     in vLLM's tree; it rounds the scale up where vLLM's kernel rounds it to
     nearest even (OCP MX), so a value may land one E2M1 step apart. On
-    ``meta`` (``plan``) the reference runs once per input shape, dtype and
-    axis: a ``meta`` tensor holds no values, so the shapes, strides and dtypes
-    it gives are all there is, and vLLM's online MXFP4 quantizes a rank's
-    experts one by one (896 alike at TP32, twice a layer: minutes of torch's
-    meta kernels).
+    ``meta``, answered once per input (``_on_meta``).
+``deep_gemm.per_block_cast_to_fp8`` (online FP8 per block's quantizer, as
+``online/fp8.py`` imports it; on ``meta`` only)
+    Not stood in for a missing op: vLLM compiles it with ``torch.compile``,
+    which on ``meta`` traces it anew per shape (20 s a plan here). On
+    ``meta`` its own Python answers, once per input (``_on_meta``); on any
+    other device it is vLLM's own, compiled.
+
+On ``meta`` (``plan``) each of these two is answered once per input shape,
+stride and dtype (and arguments): a ``meta`` tensor holds no values, so the
+shapes, strides and dtypes the function's Python gives for such an input
+are all there is, handed back as new ``meta`` tensors each call. vLLM's
+online methods quantize a rank's experts one by one (896 alike at TP32,
+twice a layer, each a few milliseconds of torch's meta kernels).
 ``_C::scaled_fp4_quant.out`` (``ops.scaled_fp4_quant``: online NVFP4)
     csrc: per group of 16 values an FP8 (E4M3) scale of the group's largest
     magnitude over 6, times the tensor's global scale, the values divided by
@@ -56,7 +65,6 @@ Each is defined only for the block (and only where the op is missing).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -89,32 +97,56 @@ def _downcast_to_mxfp(
 
     assert not args and not kwargs, "only mxfp4_quantize's call is stood in"
     if src_tensor.device.type == "meta":
-        quant, scale = (
-            torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-            for shape, stride, dtype in _meta_outputs(
-                tuple(src_tensor.shape), src_tensor.stride(), src_tensor.dtype, axis
-            )
-        )
+        quant, scale = _on_meta(downcast_to_mxfp_torch, src_tensor, torch.uint8, axis)
     else:
         quant, scale = downcast_to_mxfp_torch(src_tensor, torch.uint8, axis)
     return quant, scale, tuple(scale.shape)
 
 
-@functools.cache
-def _meta_outputs(
-    shape: tuple[int, ...], stride: tuple[int, ...], dtype: Any, axis: int
-) -> tuple[tuple[Any, ...], ...]:
-    """The shape, stride and dtype of each tensor the torch reference gives
-    for a ``meta`` input of ``shape``, ``stride`` and ``dtype``."""
-    import torch
-    from vllm.third_party.triton_kernels.numerics_details.mxfp import (
-        downcast_to_mxfp_torch,
-    )
+def _per_block_cast_to_fp8(compiled: Any) -> Any:
+    """vLLM's compiled ``per_block_cast_to_fp8``, its Python on ``meta``."""
 
-    src = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    def per_block_cast_to_fp8(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if x.device.type != "meta":
+            return compiled(x, *args, **kwargs)
+        from vllm.platforms import current_platform
+
+        # its FP8 dtype is the platform's (ROCm's CDNA3: float8_e4m3fnuz)
+        return _on_meta(
+            compiled.__wrapped__, x, *args, **kwargs, _key=current_platform.fp8_dtype()
+        )
+
+    per_block_cast_to_fp8.__wrapped__ = compiled.__wrapped__  # entered again
+    return per_block_cast_to_fp8
+
+
+_META_ANSWERS: dict[tuple[Any, ...], tuple[tuple[Any, ...], ...]] = {}
+
+
+def _described(value: Any) -> Any:
+    """What of an argument a function's ``meta`` outputs can depend on."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.stride(), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *map(_described, value))
+    return value
+
+
+def _on_meta(python: Any, *args: Any, _key: Any = None, **kwargs: Any) -> tuple:
+    """New ``meta`` tensors shaped as ``python(*args, **kwargs)`` gives them,
+    ``python`` run once per description of its arguments (and ``_key``)."""
+    import torch
+
+    key = (python, _key, _described(args), _described(sorted(kwargs.items())))
+    if key not in _META_ANSWERS:
+        _META_ANSWERS[key] = tuple(
+            (tuple(t.shape), t.stride(), t.dtype) for t in python(*args, **kwargs)
+        )
     return tuple(
-        (tuple(t.shape), t.stride(), t.dtype)
-        for t in downcast_to_mxfp_torch(src, torch.uint8, axis)
+        torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        for shape, stride, dtype in _META_ANSWERS[key]
     )
 
 
@@ -201,11 +233,18 @@ def _op(name: str, schema: str, kernel: Any) -> Iterator[None]:
 @contextmanager
 def online_method_quantizers() -> Iterator[None]:
     """Every quantizer above, for the block (an op vLLM has is left as is)."""
+    from vllm.model_executor.layers.quantization.online import fp8 as online_fp8
     from vllm.model_executor.layers.quantization.utils import mxfp4_utils
 
+    compiled = online_fp8.per_block_cast_to_fp8
     with ExitStack() as stack:
         stack.enter_context(
             replaced_attributes(mxfp4_utils, downcast_to_mxfp=_downcast_to_mxfp)
+        )
+        stack.enter_context(
+            replaced_attributes(
+                online_fp8, per_block_cast_to_fp8=_per_block_cast_to_fp8(compiled)
+            )
         )
         stack.enter_context(_op("scaled_fp4_quant.out", FP4_SCHEMA, _scaled_fp4_quant))
         stack.enter_context(
