@@ -21,6 +21,7 @@ import pytest
 
 from tests.drift.copies import DRIFTS, Drift, drifted_copy
 from tests.drift.in_copy import FIRST
+from tests.model_info_cache import seeded_cache_root
 from upstream.project_helpers import PARTITIONS
 
 REPO = Path(__file__).parents[2]
@@ -75,6 +76,7 @@ def run_on(drift: Drift, root: Path) -> dict:
     copy = drifted_copy(drift, root)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     env["PYTHONPATH"] = os.pathsep.join([str(copy), str(REPO)])
+    env["VLLM_CACHE_ROOT"] = str(seeded_cache_root(root.parent / "vllm-cache"))
     if drift.first is not None:
         env[FIRST] = drift.first
     child = subprocess.run(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.model_info_cache import seeded_cache_root
 from upstream import patched_vllm, patches
 from upstream.verify_patch import INTENDED, REPO, compare, installed_release
 from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES
@@ -265,10 +266,11 @@ def test_the_patch_is_verified_with_the_plugin_off(tmp_path, monkeypatch):
     """The whole command: lint, the patch's tests and the behaviour tests on
     the patched copy with VLLM_PLUGINS="", and the matrix compared with the
     plugin on released vLLM (6 to 9 minutes on 2 cores loaded by other jobs)."""
-    # The user's vLLM cache as the command sees it, fresh: the model-info
-    # entry of Kimi-K3 is one file for every release, whose packages hash
-    # apart, so another release's run may have written the shared one.
-    cache_root = tmp_path / "vllm-cache"
+    # The user's vLLM cache as the command sees it, a copy of this one's: the
+    # model-info entry of Kimi-K3 is one file for every release, whose
+    # packages hash apart, so another release's run may have written it (the
+    # released vLLM's run then inspects the class again, and writes it).
+    cache_root = seeded_cache_root(tmp_path / "vllm-cache")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(cache_root))
     result = verify_patch("--json")
     report = json.loads(result.stdout[result.stdout.index("\n{") :])

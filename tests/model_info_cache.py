@@ -1,0 +1,38 @@
+"""A vLLM cache directory of its own for a child process that runs a copy of
+vLLM (drifted, or patched in tree), holding what the installed vLLM cached of
+its model classes.
+
+vLLM caches what it inspects of a model class (``_ModelInfo``) in one file
+per class under ``VLLM_CACHE_ROOT/modelinfos``, keyed by a hash of the class's
+package; on a miss it inspects the class in a child process of its own
+(about 20 s on CI's 2 cores) and writes the file over. A copy whose Kimi-K3
+package is the installed one's finds its entry here; one whose package
+differs (the in-tree patch changes it) inspects and writes into this
+directory, not over the installed entry, which every later process of the
+suite would otherwise inspect again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+MODEL_INFOS = "modelinfos"  # vLLM's directory under its cache root
+
+
+def installed_model_infos() -> Path:
+    """Where the installed vLLM, as this process sees it, caches them."""
+    from vllm import envs
+
+    return Path(envs.VLLM_CACHE_ROOT) / MODEL_INFOS
+
+
+def seeded_cache_root(directory: Path) -> Path:
+    """``directory`` as a vLLM cache root holding a copy of the installed
+    model-info cache (none where it has none yet)."""
+    source = installed_model_infos()
+    if source.is_dir():
+        shutil.copytree(source, directory / MODEL_INFOS)
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+    return directory
