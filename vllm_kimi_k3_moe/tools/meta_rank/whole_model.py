@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from typing import Any
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import dsa_topk_indices_buffer
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.deployment.gpus import named_amd_arch
+from vllm_kimi_k3_moe.tools.deployment.gpus import XPU, named_amd_arch
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.deployment.text_config import main_moe_layers
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
@@ -55,6 +55,12 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import (
     as_on_the_named_amd_gpu,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_attention import (
+    rocm_mla_attention_kernels,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_model import (
+    vllms_amd_model_on_cpu,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
     OnlineQuantization,
@@ -142,18 +148,34 @@ def build_rank(
     docstring)."""
     import torch
     from vllm.config import set_current_vllm_config
-    from vllm.models.kimi_k3.nvidia import model as model_module
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
-    on_amd = named_amd_arch() is not None
-    built_as = with_the_nvidia_signature(kimi_moe_cls) if on_amd else kimi_moe_cls
-    with (
-        rank_zero_of(deployment, pp_rank),
-        whole_model_on_cpu(),
-        online_method_quantizers(),
-        kimi_moe_class(model_module, built_as),
-        as_on_the_named_amd_gpu(),
-    ):
+    arch = named_amd_arch()
+    on_rocm = arch not in (None, XPU)
+    # vLLM's draft loaders import its compiler's passes, which choose at
+    # import, by platform, fusion passes that reference GPU ops: imported
+    # here under this host's platform, not the stood-in GPU's (they compile
+    # kernels and allocate nothing the tools size)
+    importlib.import_module("vllm.compilation.backends")
+    if on_rocm:  # vLLM's AMD model, as a whole
+        model_module = importlib.import_module("vllm.models.kimi_k3.amd.model")
+        moe_module, built_as = amd_kimi_moe_module(), kimi_moe_cls
+    else:
+        model_module = importlib.import_module("vllm.models.kimi_k3.nvidia.model")
+        moe_module = model_module
+        # on XPU the hybrid (the module docstring)
+        built_as = (
+            kimi_moe_cls if arch is None else with_the_nvidia_signature(kimi_moe_cls)
+        )
+    with ExitStack() as stack:
+        stack.enter_context(rank_zero_of(deployment, pp_rank))
+        stack.enter_context(whole_model_on_cpu())
+        stack.enter_context(online_method_quantizers())
+        stack.enter_context(kimi_moe_class(moe_module, built_as))
+        stack.enter_context(as_on_the_named_amd_gpu())
+        if on_rocm:
+            stack.enter_context(vllms_amd_model_on_cpu())
+            stack.enter_context(rocm_mla_attention_kernels())
         vllm_config = rank_vllm_config(
             model_dir,
             deployment,

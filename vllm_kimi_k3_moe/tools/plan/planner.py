@@ -59,7 +59,10 @@ from vllm_kimi_k3_moe.tools.meta_rank.allocation import (
     PlacedAllocation,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.draft import for_vllm, write_draft_dir
-from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCachePlanner
+from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import (
+    DecodeContextRefused,
+    KvCachePlanner,
+)
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.meta_rank.whole_model import (
     BUILD_ERRORS,
@@ -314,7 +317,10 @@ class Planner:
         """Size ``deployment`` (validated here first)."""
         validate(self.text_config, deployment)
         built = self._built(deployment)
-        kv = built.kv.with_decode_context(deployment.dcp_size)
+        try:
+            kv = built.kv.with_decode_context(deployment.dcp_size)
+        except DecodeContextRefused as error:
+            raise PlanError(str(error)) from error
         num_layers = self.text_config["num_hidden_layers"]
         ranges = pipeline_stages(num_layers, deployment.pp_size)
         last = len(ranges) - 1

@@ -31,6 +31,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     named_amd_arch,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.moe_forward import (
+    silu_and_mul_op_on_cpu,
     situ_and_mul_op_on_cpu,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_platform import (
@@ -93,4 +94,5 @@ def as_on_the_named_amd_gpu() -> Iterator[bool]:
         else:
             stack.enter_context(an_amd_gpu(_REPORTED[arch], aiter=named_aiter()))
         stack.enter_context(situ_and_mul_op_on_cpu())
+        stack.enter_context(silu_and_mul_op_on_cpu())
         yield True
