@@ -242,9 +242,9 @@ class KvCachePlanner:
         one the specs were built with (not sized here). Elsewhere nothing
         is asked: NVIDIA's MLA backends all take DCP (the contract test
         ``test_context_parallel_rules_vllm`` holds it)."""
-        layer = self._mla_layer()
+        backend = self._mla_layer().get_attn_backend()
         try:
-            selected = mla_backend_on_the_named_amd_gpu(self.vllm_config, layer)
+            selected = mla_backend_on_the_named_amd_gpu(self.vllm_config, backend)
         except ValueError as error:  # vLLM's selector: no backend takes it
             raise DecodeContextRefused(
                 f"vLLM's ROCm attention selector refuses DCP {self.shape.dcp_size}: "

@@ -63,10 +63,12 @@ def rocm_selects_attention() -> Iterator[None]:
 
 
 @functools.cache
-def without_kernels(backend: type) -> type:
+def without_kernels(backend: type, asked: tuple[Any, ...] = ()) -> type:
     """``backend`` (vLLM's class, as ROCm's selector returned it) whose
     implementation is vLLM's own class with its ``__init__`` not run (the
-    module docstring)."""
+    module docstring); ``asked``: the selector's arguments, as the layer
+    gave them (``(args, sorted keyword items)``), kept as ``ASKED`` so that
+    the same question can be asked again under another config."""
     impl = backend.get_impl_cls()
 
     class KernelsNotBuilt(impl):  # type: ignore[misc, valid-type]
@@ -74,6 +76,8 @@ def without_kernels(backend: type) -> type:
             pass  # imports AITER's kernels, asks the GPU its compute units
 
     class SelectedOnRocm(backend):  # type: ignore[misc, valid-type]
+        ASKED = asked
+
         @staticmethod
         def get_impl_cls() -> type:
             return KernelsNotBuilt
@@ -90,7 +94,8 @@ def rocm_selected_backend(*args: Any, **kwargs: Any) -> type:
     from vllm.v1.attention.selector import get_attn_backend
 
     with rocm_selects_attention():
-        return without_kernels(get_attn_backend(*args, **kwargs))
+        selected = get_attn_backend(*args, **kwargs)
+    return without_kernels(selected, (args, tuple(sorted(kwargs.items()))))
 
 
 @contextmanager
@@ -130,24 +135,17 @@ def rocm_mla_attention_kernels() -> Iterator[None]:
         yield
 
 
-def mla_backend_on_the_named_amd_gpu(vllm_config: Any, layer: Any) -> str | None:
-    """The name of the backend vLLM's ROCm selector picks for ``layer`` (a
-    built ``MLAAttention`` of vLLM's AMD Kimi-K3) under ``vllm_config``,
-    asked as the layer asks (its head size, activation dtype, KV-cache
-    dtype, heads and sliding window), on the AMD GPU ``an_amd_gpu_named``
-    holds; None where no AMD GPU (or an Intel one) is named. Raises vLLM's
-    ``ValueError`` where no ROCm backend takes the layer."""
+def mla_backend_on_the_named_amd_gpu(vllm_config: Any, backend: type) -> str | None:
+    """The name of the backend vLLM's ROCm selector picks under
+    ``vllm_config`` for the layer that was built with ``backend`` (a
+    ``rocm_selected_backend``), asked as that layer asked, on the AMD GPU
+    ``an_amd_gpu_named`` holds; None where no AMD GPU (or an Intel one) is
+    named. Raises vLLM's ``ValueError`` where no ROCm backend takes the
+    layer."""
     from vllm.config import set_current_vllm_config
 
     if named_amd_arch() in (None, XPU):
         return None
+    args, keywords = backend.ASKED
     with as_on_the_named_amd_gpu(), set_current_vllm_config(vllm_config):
-        return rocm_selected_backend(
-            layer.head_size,
-            layer.act_dtype,
-            layer.kv_cache_dtype,
-            use_mla=True,
-            use_sparse=False,
-            num_heads=layer.num_heads,
-            has_sliding_window=layer.sliding_window is not None,
-        ).get_name()
+        return rocm_selected_backend(*args, **dict(keywords)).get_name()
