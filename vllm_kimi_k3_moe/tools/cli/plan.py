@@ -58,6 +58,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     XPU,
     XPU_MOE_BACKENDS,
     XPU_PRESETS,
+    in_gb,
 )
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.deployment.topology import (
@@ -93,7 +94,7 @@ if TYPE_CHECKING:
 
 def _gpus() -> str:
     return ", ".join(
-        f"{p.name} ({p.memory_gib:g} GiB)" for p in ALL_GPU_PRESETS.values()
+        f"{p.name} ({in_gb(p.memory_gib)})" for p in ALL_GPU_PRESETS.values()
     )
 
 
@@ -132,7 +133,7 @@ def add_command(commands: Subcommands) -> None:
         ),
         epilog=(
             f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees (HIP's "
-            "on AMD). "
+            "on AMD), in GB = 10^9 bytes as the answers give it. "
             f"MoE backends per format (--moe-backend): {backends_by_format()}; "
             f"on an AMD or Intel GPU ({', '.join(AMD_PRESETS + XPU_PRESETS)}), "
             "where plan builds "
