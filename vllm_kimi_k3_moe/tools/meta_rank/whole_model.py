@@ -10,18 +10,16 @@ own code throughout; ``rank`` and ``stand_ins`` stand in only for what a CPU
 lacks (parallel groups, CUDA streams and events, the current device,
 attention, MoE and linear kernels), none of which holds parameters.
 
-On an AMD GPU (``plan --gpu mi300x``; ``gpus.an_amd_gpu_named``) vLLM
-builds Kimi-K3 from ``vllm/models/kimi_k3/amd``, whose ``KimiMoE`` (in
-``amd/linear.py``) is the one that pads and raises. Its whole model does
-not build on a CPU with the stand-ins here yet (its wrapper moves the
-vision tower to the current device unconditionally, its MLA asks ROCm's
-attention selector, its KDA has kernels of its own), so the AMD build is a
-hybrid: vLLM's NVIDIA model for everything but the routed MoE, whose layers
-are vLLM's AMD ``KimiMoE`` (upstream's or the plugin's), built under ROCm's
-platform on that GPU's architecture (``stand_ins.amd_gpu``) with ROCm's own
-MoE kernel selection. The MoE layers, which hold what differs by platform
-(the routed experts' partition), are AMD's own; attention, embeddings and
-norms are sized as vLLM's NVIDIA model allocates them.
+On an AMD GPU (``plan --gpu mi300x``; ``gpus.an_amd_gpu_named``) the
+model is vLLM's AMD one, whole, as ROCm builds it (``vllm/models/kimi_k3/
+amd``: its wrapper, ``amd/linear.py``'s language model and ``KimiMoE``,
+upstream's or the plugin's, its ROCm KDA layers, ``amd/mtp.py``'s draft),
+under ROCm's platform on that GPU's architecture (``stand_ins.amd_gpu``,
+``stand_ins.rocm_model``), its MLA layers on the backend vLLM's ROCm
+selector picks there (``stand_ins.rocm_attention``). On an Intel GPU (XPU)
+the build is still a hybrid: vLLM's NVIDIA model for everything but the
+routed MoE, whose layers are vLLM's AMD ``KimiMoE`` (XPU's attention and
+KDA kernels are not stood in), and ``plan`` says so.
 """
 
 from __future__ import annotations
@@ -91,7 +89,7 @@ def with_the_nvidia_signature(amd_kimi_moe_cls: type) -> Any:
     ``KimiMoE`` (keywords ``vllm_config``, ``use_sequence_parallel`` and
     ``run_gemm_rs_ar`` besides), building ``amd_kimi_moe_cls`` as AMD's
     decoder layer does (config, quant_config, prefix, layer_idx): the
-    hybrid build the module docstring describes."""
+    hybrid build on an Intel GPU the module docstring describes."""
 
     def build(
         config: Any,
@@ -142,10 +140,10 @@ def build_rank(
     ``gpus_per_node`` GPUs) on the ``meta`` device, its MoE layers built
     from ``kimi_moe_cls``, sized; with ``--speculative-config speculative``
     (``draft.for_vllm``'s), its draft too (``draft.build_draft``), counted
-    on the last pipeline stage. With an AMD GPU named
+    on the last pipeline stage. With an AMD or Intel GPU named
     (``gpus.an_amd_gpu_named``), ``kimi_moe_cls`` is vLLM's AMD ``KimiMoE``
-    (or upstream's of it), built under ROCm's platform (the module
-    docstring)."""
+    (or upstream's of it), in vLLM's AMD model on ROCm, in the hybrid on XPU
+    (the module docstring)."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig

@@ -11,7 +11,9 @@ MoE is on where ``VLLM_ROCM_USE_AITER`` says so, read by vLLM's own
 CDNA4, where vLLM then selects AITER's MXFP4 experts; off for CDNA3, vLLM's
 default, where it selects the emulation experts either way). Emulation's
 MoE build needs vLLM's SiTU op, a compiled op a CPU box lacks
-(``moe_forward.situ_and_mul_op_on_cpu``); nothing else changes. On an
+(``moe_forward.situ_and_mul_op_on_cpu``), and a SiLU MLP (the DSpark
+draft's) vLLM's SiLU op (``moe_forward.silu_and_mul_op_on_cpu``); nothing
+else changes. On an
 Intel GPU (``XPU``) ``rocm_platform.an_intel_gpu`` stands in instead.
 Holds no parameters.
 """

@@ -1,7 +1,8 @@
 """Stands in for the compiled ops and the CUDA driver query that vLLM's
 batched reference MoE kernel (``NaiveBatchedExperts``: ``selftest`` on a
 CPU, the forward-equivalence tests) needs from a GPU: ``_C::situ_and_mul``
-and the CUDA-graph capture check.
+and the CUDA-graph capture check; and ``_C::silu_and_mul``, which vLLM's
+``SiluAndMul`` takes a handle of when built on ROCm (the DSpark draft).
 
 Why: a CUDA wheel on a CPU box does not load ``vllm._C``, and there is no
 CUDA driver to ask. What the real ones guarantee and is kept: the SiTU op is
