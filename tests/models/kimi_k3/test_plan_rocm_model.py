@@ -17,6 +17,7 @@ one MLA layer), a fraction of a second each after the first import.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -126,7 +127,38 @@ def test_dcp_is_what_vllms_rocm_selector_takes(rocm_planners, monkeypatch) -> No
         planned(rocm_planners, gpu, dcp_size=2)
 
 
-def test_the_draft_is_vllms_amd_mtp_model(kimi_model, tmp_path) -> None:
+# The draft's MLA backends as vLLM's ROCm selector takes them on CDNA4 with
+# AITER on: DSpark's non-causal decode takes AITER MLA only where the AITER
+# build has its non-causal decode kernels (asked of the library, absent
+# here), else Triton MLA; both are ROCm's, with the same KV-cache blocks.
+ROCM_MLA = {"ROCM_AITER_MLA", "TRITON_MLA"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "module", "backends"),
+    [
+        (
+            {"method": "mtp", "num_speculative_tokens": 1},
+            "amd.mtp",
+            {"ROCM_AITER_MLA"},
+        ),
+        (  # vLLM's DSpark model is one for every platform
+            {
+                "method": "dspark",
+                "model": "Inferact/Kimi-K3-DSpark",
+                "num_speculative_tokens": 7,
+            },
+            "nvidia.dspark_mla",
+            ROCM_MLA,
+        ),
+    ],
+    ids=["mtp", "dspark"],
+)
+def test_the_draft_is_the_one_vllm_builds_on_rocm(
+    kimi_model, tmp_path, spec, module, backends
+) -> None:
+    """The draft is built as on ROCm: vLLM's AMD MTP model, or its DSpark
+    model with its MLA layers on the backend ROCm's selector picks."""
     text_config = {**TWO_LAYERS, "num_nextn_predict_layers": 1}
     model_dir = write_model_dir(
         text_config,
@@ -134,7 +166,6 @@ def test_the_draft_is_vllms_amd_mtp_model(kimi_model, tmp_path) -> None:
         Serving(language_model_only=True),
         tmp_path,
     )
-    spec = {"method": "mtp", "num_speculative_tokens": 1}
     speculation = read_speculative_config(json.dumps(spec), text_config)
     with tempfile.TemporaryDirectory() as directory, an_amd_gpu_named("gfx950", True):
         speculative = for_vllm(
@@ -148,7 +179,17 @@ def test_the_draft_is_vllms_amd_mtp_model(kimi_model, tmp_path) -> None:
             model_dir,
             speculative=speculative,
         )
-    assert type(rank.draft).__module__ == "vllm.models.kimi_k3.amd.mtp"
+    assert type(rank.draft).__module__ == f"vllm.models.kimi_k3.{module}"
+    layers = rank.vllm_config.compilation_config.static_forward_context
+    # the draft's attention layers: numbered after the target's
+    drafted = [
+        layer.get_attn_backend().get_name()
+        for name, layer in layers.items()
+        if hasattr(layer, "get_attn_backend")
+        and int(re.search(r"layers\.(\d+)\.", name).group(1))
+        >= text_config["num_hidden_layers"]
+    ]
+    assert drafted and set(drafted) <= backends, drafted
 
 
 @pytest.mark.parametrize(

@@ -160,7 +160,9 @@ suite's build tests fail when a name moves.
     registry's ``_try_load_model_cls`` cache emptied on entry and exit),
     ``current_platform.current_device`` (as ``meta``), and, where ``aiter``
     is absent, makes ``aiter.ops.triton.gated_delta_net`` importable with
-    the one kernel handle the AMD KDA layer takes where AITER is on. Why:
+    the one kernel handle the AMD KDA layer takes where AITER is on, and on
+    vLLM 0.33 ``vllm.config.vllm.HAS_TRITON`` (True, as on the GPU: it picks
+    the model runner, whose V1 refuses DSpark drafts). Why:
     the package chose its classes under this box's CPU platform; the AMD
     wrapper moves its vision tower to the current device; the KDA layer
     imports an AITER kernel it runs only in the forward. Re-check: the

@@ -24,7 +24,11 @@ Why each, and what the real one guarantees:
   Where the ``aiter`` package is absent (a CPU box) that one module is
   stood in, its kernel raising if called; nothing else of AITER is, so
   vLLM's probes of AITER's other kernels (its Gluon KDA prefill and decode)
-  find them absent. Holds no parameters.
+  find them absent.
+- vLLM 0.33's ``VllmConfig`` asks whether Triton is found to pick its model
+  runner; on a ROCm GPU it is (``triton_as_on_the_gpu``).
+
+Holds no parameters.
 """
 
 from __future__ import annotations
@@ -106,13 +110,30 @@ def aiter_kda_kernel_handle() -> Iterator[None]:
 
 
 @contextmanager
+def triton_as_on_the_gpu() -> Iterator[None]:
+    """vLLM 0.33's ``VllmConfig`` finds Triton (``HAS_TRITON``) as on a
+    ROCm GPU, where vLLM's images ship it: on a platform that is not the
+    unspecified one it picks its model runner by it (V1 without it, which
+    refuses DSpark drafts). A CPU box's Triton finds no GPU driver. vLLM
+    0.34 does not ask: nothing is replaced."""
+    from vllm.config import vllm as config_module
+
+    if not hasattr(config_module, "HAS_TRITON"):
+        yield
+        return
+    with replaced_attributes(config_module, HAS_TRITON=True):
+        yield
+
+
+@contextmanager
 def vllms_amd_model_on_cpu() -> Iterator[None]:
-    """The three stand-ins above, entered together (inside
+    """The stand-ins above, entered together (inside
     ``rocm_platform.an_amd_gpu``)."""
     with ExitStack() as stack:
         stack.enter_context(rocm_model_exports())
         stack.enter_context(the_meta_device_as_current())
         stack.enter_context(aiter_kda_kernel_handle())
+        stack.enter_context(triton_as_on_the_gpu())
         yield
 
 
