@@ -62,9 +62,9 @@ def rocm_planners(kimi_model):
         planner.close()
 
 
-def built(planners, gpu, **deployment):
+def built(planners, gpu, tp=8, **deployment):
     with an_amd_gpu_named(*gpu):
-        return planners[gpu]._built(Deployment(8, backend=GPUS[gpu], **deployment))
+        return planners[gpu]._built(Deployment(tp, backend=GPUS[gpu], **deployment))
 
 
 def planned(planners, gpu, **deployment):
@@ -106,8 +106,15 @@ def test_the_fused_kda_chunk_build_option_is_known_only_on_cdna4(
 ) -> None:
     """vLLM's ROCm KDA layer would keep a prefill-checkpoint block with its
     fused KDA chunk kernel, which only vLLM's gfx950 build can have."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
     assert not built(rocm_planners, ("gfx942", False)).kv.shape.kda_checkpoint_if_fused
     assert built(rocm_planners, ("gfx950", True)).kv.shape.kda_checkpoint_if_fused
+    # asking leaves vLLM's cached answer as this machine's: a build after it
+    # resolves the KDA prefill kernel as the first did (no checkpoint block)
+    later = built(rocm_planners, ("gfx950", True), tp=4).kv.specs.values()
+    (kda,) = [spec for spec in later if isinstance(spec, MambaSpec)]
+    assert kda.num_prefill_checkpoint_blocks == 0
 
 
 def test_dcp_is_what_vllms_rocm_selector_takes(rocm_planners, monkeypatch) -> None:
