@@ -134,6 +134,30 @@ def test_dcp_is_what_vllms_rocm_selector_takes(rocm_planners, monkeypatch) -> No
         planned(rocm_planners, gpu, dcp_size=2)
 
 
+def test_vllms_amd_model_builds_a_pipeline_stage(kimi_model, tmp_path) -> None:
+    """PP layouts plan lists on ROCm build there: vLLM's ROCm platform has no
+    pipeline rule of its own, and its AMD model builds the last stage of
+    TP4 PP2 (the layer it holds, the others missing)."""
+    model_dir = write_model_dir(
+        TWO_LAYERS,
+        mxfp4.RELEASE.published_quantization_config(),
+        Serving(language_model_only=True),
+        tmp_path,
+    )
+    with an_amd_gpu_named("gfx950", True):
+        rank = build_rank(
+            kimi_moe_classes()[1],
+            TWO_LAYERS,
+            Deployment(4, pp_size=2, backend="aiter"),
+            Serving(language_model_only=True),
+            model_dir,
+            pp_rank=1,
+        )
+    language_model = rank.model.language_model.model
+    assert type(rank.model).__module__ == "vllm.models.kimi_k3.amd.model"
+    assert (language_model.start_layer, language_model.end_layer) == (1, 2)
+
+
 # The draft's MLA backends as vLLM's ROCm selector takes them on CDNA4 with
 # AITER on: DSpark's non-causal decode takes AITER MLA only where the AITER
 # build has its non-causal decode kernels (asked of the library, absent
