@@ -14,11 +14,14 @@ parallelism) and reused by every layout that shares it.
 ``topology.validate`` refuses, before any build, what vLLM cannot build, so
 every GPU of a stage allocates what its rank 0 does.
 On an AMD GPU (``plan --gpu mi300x``: ``gpus.an_amd_gpu_named`` held) the
-MoE layers are vLLM's AMD ``KimiMoE`` (``vllm/models/kimi_k3/amd/linear.py``),
-upstream's and the plugin's, built under ROCm's platform on that GPU's
-architecture (``whole_model``'s hybrid build); vLLM alone's raises at every
-tensor-parallel size of 16 or more, which makes the layout one vLLM alone
-cannot build, with its error and what it means (``AMD_PADDING_RAISES``).
+model is vLLM's AMD one, its MoE layers vLLM's AMD ``KimiMoE``
+(``vllm/models/kimi_k3/amd/linear.py``), upstream's and the plugin's, built
+under ROCm's platform on that GPU's architecture (``whole_model``; on an
+Intel GPU its hybrid build); vLLM alone's raises at every tensor-parallel
+size of 16 or more, which makes the layout one vLLM alone cannot build,
+with its error and what it means (``AMD_PADDING_RAISES``). A DCP size is
+planned on ROCm where vLLM's ROCm attention selector takes it
+(``KvCachePlanner.with_decode_context``), else refused with its reason.
 """
 
 from __future__ import annotations
