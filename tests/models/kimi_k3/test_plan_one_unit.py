@@ -58,3 +58,15 @@ def test_the_kda_state_per_request_names_its_layout(capsys) -> None:
     found = {tp: int(mb) for mb, tp in re.findall(r"(\d+) MB at TP(\d+)", said)}
     assert set(found) == {"8", "16", "32"}, said
     assert found["8"] == 2 * found["16"] == 4 * found["32"], found
+
+
+def test_plan_help_lists_the_presets_in_the_answers_gb(capsys) -> None:
+    """``plan --help`` names each preset's memory as its answers do (the
+    figures ``test_a_preset_answer_counts_in_gb_and_names_its_gpu_once``
+    reads from the fits note), not in GiB."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    presets = text[text.index("GPUs (--gpu): ") :].split(": the memory")[0]
+    assert "h20 (102.0 GB)" in presets and "mi300x (206.1 GB)" in presets
+    assert BINARY.findall(presets) == [], presets

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     XPU,
     XPU_MOE_BACKENDS,
     XPU_PRESETS,
+    in_gb,
 )
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.deployment.topology import (
@@ -92,7 +94,7 @@ if TYPE_CHECKING:
 
 def _gpus() -> str:
     return ", ".join(
-        f"{p.name} ({p.memory_gib:g} GiB)" for p in ALL_GPU_PRESETS.values()
+        f"{p.name} ({in_gb(p.memory_gib)})" for p in ALL_GPU_PRESETS.values()
     )
 
 
@@ -131,7 +133,7 @@ def add_command(commands: Subcommands) -> None:
         ),
         epilog=(
             f"GPUs (--gpu): {_gpus()}: the memory a CUDA process sees (HIP's "
-            "on AMD). "
+            "on AMD), in GB = 10^9 bytes as the answers give it. "
             f"MoE backends per format (--moe-backend): {backends_by_format()}; "
             f"on an AMD or Intel GPU ({', '.join(AMD_PRESETS + XPU_PRESETS)}), "
             "where plan builds "
@@ -323,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
         _plot(args.plot, plans, asked)
     _note_dsa_config_unread(asked.text_config)
     _note_kernel_not_verified(kernel, args.gpu)
-    _note_attention_borrowed(asked.amd_arch, gpu_label(args))
+    _note_attention_borrowed(asked.amd_arch, gpu_label(args), plans)
     note_online(asked.online, plans, _say)
     given = args.gpu_memory_gib is not None  # the fits note says it once
     if args.json:
@@ -441,18 +443,30 @@ def _note_kernel_not_verified(kernel: KernelOnGpu | None, gpu: str) -> None:
         )
 
 
-def _note_attention_borrowed(arch: str | None, gpu: str) -> None:
-    """On an AMD or Intel GPU only the MoE layers are vLLM's AMD model as
-    that platform builds them: say in one line that attention and its KV
-    cache are sized as on NVIDIA, rather than borrow those figures silently
-    (the stand-ins make ROCm's MoE selection, not its attention backends)."""
-    if arch is not None:
-        platform = "XPU" if arch == XPU else "ROCm"
+def _note_attention_borrowed(
+    arch: str | None, gpu: str, plans: Sequence[DeploymentPlan]
+) -> None:
+    """On an AMD or Intel GPU, say in one line what is not sized as vLLM
+    builds it there rather than borrow those figures silently: on XPU all
+    but the MoE layers are NVIDIA's; on ROCm vLLM's AMD model is built
+    whole, and only a build option of vLLM's ROCm wheel is unknown (where
+    vLLM's KDA layer would use it)."""
+    if arch == XPU:
         print(
             f"plan: note: on {gpu} only the MoE layers are sized as vLLM builds "
-            f"them on {platform}; attention, its backend and the KV cache "
-            f"(per token, blocks, KDA state) are sized as on NVIDIA GPUs: "
-            f"{platform}'s attention is not built here",
+            "them on XPU; attention, its backend and the KV cache (per token, "
+            "blocks, KDA state) are sized as on NVIDIA GPUs: XPU's attention is "
+            "not built here",
+            file=sys.stderr,
+        )
+    elif any(
+        p.kv_cache is not None and p.kv_cache.kda_checkpoint_if_fused for p in plans
+    ):
+        print(
+            f"plan: note: on {gpu} vLLM's ROCm KDA layers keep one more state "
+            "block per request (a prefill checkpoint) where vLLM was built with "
+            "its fused KDA chunk kernel, a build option this machine cannot "
+            "tell: the KV cache is sized without it",
             file=sys.stderr,
         )
 

@@ -146,11 +146,17 @@ AITER_VARIABLE = "VLLM_ROCM_USE_AITER"
 RECIPE_AITER_ARCHS = ("gfx950",)
 
 
+def in_gb(memory_gib: float) -> str:
+    """A GPU's memory given in GiB, written as the answers write memory:
+    GB (10^9 bytes), one decimal."""
+    return f"{memory_gib * 2**30 / 10**9:.1f} GB"
+
+
 def memory_gpu_title(memory_gib: float, arch: str | None) -> str:
     """How the tables name a GPU ``--gpu-memory-gib`` gives, in GB (their
     unit), with its vendor: AMD and its architecture (``--gpu-arch``), else
     NVIDIA, said to be assumed."""
-    size = f"{memory_gib * 2**30 / 10**9:.1f} GB"
+    size = in_gb(memory_gib)
     if arch is None:
         return f"{size} NVIDIA (assumed: no --gpu-arch)"
     return f"{size} AMD {arch}"

@@ -136,31 +136,59 @@ suite's build tests fail when a name moves.
     ``VllmConfig._get_quantization_config``, ``CudaPlatform.supported_dtypes``
     and any new capability check in config construction.
 ``stand_ins.amd_gpu.as_on_the_named_amd_gpu``
-    Enters ``stand_ins.rocm_platform.an_amd_gpu`` (the current platform
-    class's ``_enum`` as ROCm, ``vllm.platforms.rocm``'s architecture flags
-    as its own code derives them for the GPU's ``gcnArchName``, AITER's
-    switches in ``vllm._aiter_ops`` as ``VLLM_ROCM_USE_AITER`` sets them,
-    emulation's ``has_quark``) and ``moe_forward.situ_and_mul_op_on_cpu``
-    while ``build_rank`` makes the config and builds the model for an AMD
-    GPU (``plan --gpu mi300x``, ``check --gpu``; ``gpus.an_amd_gpu_named``),
-    in place of ``moe_kernel_of_the_gpu`` (ROCm's kernels answer their own
-    device checks); for an Intel GPU (``--gpu max1550``), where vLLM builds
-    the same AMD model, ``rocm_platform.an_intel_gpu`` instead (the platform
-    enum as XPU, emulation's ``has_quark``), and ``vllm_config`` leaves the
-    extensible KV cache to vLLM (off there). Why: vLLM selects the AMD MoE
-    kernel from the platform, the GPU architecture and AITER, none of which
-    a CPU box has. Re-check: ``rocm_platform``'s own list.
+    Enters ``stand_ins.rocm_platform.an_amd_gpu`` (the current platform class's
+    ``_enum`` as ROCm, ``vllm.platforms.rocm``'s architecture flags as its own
+    code derives them for the GPU's ``gcnArchName``, AITER's switches in
+    ``vllm._aiter_ops`` as ``VLLM_ROCM_USE_AITER`` sets them, emulation's
+    ``has_quark``), ``moe_forward.situ_and_mul_op_on_cpu`` and
+    ``moe_forward.silu_and_mul_op_on_cpu`` (the DSpark draft's MLPs ask for it
+    on a CUDA-like platform) while ``build_rank`` makes the config and builds
+    the model for an AMD GPU (``plan --gpu mi300x``, ``check --gpu``;
+    ``gpus.an_amd_gpu_named``), in place of ``moe_kernel_of_the_gpu`` (ROCm's
+    kernels answer their own device checks); for an Intel GPU (``--gpu
+    max1550``), where vLLM builds the same AMD model,
+    ``rocm_platform.an_intel_gpu`` instead (the platform enum as XPU,
+    emulation's ``has_quark``), and ``vllm_config`` leaves the extensible KV
+    cache to vLLM (off there). Why: vLLM selects the AMD MoE kernel from the
+    platform, the GPU architecture and AITER, none of which a CPU box has.
+    Re-check: ``rocm_platform``'s own list.
+``stand_ins.rocm_model.vllms_amd_model_on_cpu``
+    On an AMD GPU, while ``build_rank`` builds: replaces
+    ``vllm.models.kimi_k3``'s exports ``KimiLinearForCausalLM``,
+    ``KimiK3ForConditionalGeneration`` and ``KimiK3MTP`` by vLLM's AMD
+    classes (what the package exports when imported on ROCm; the model
+    registry's ``_try_load_model_cls`` cache emptied on entry and exit),
+    ``current_platform.current_device`` (as ``meta``), and, where ``aiter``
+    is absent, makes ``aiter.ops.triton.gated_delta_net`` importable with
+    the one kernel handle the AMD KDA layer takes where AITER is on, and on
+    vLLM 0.33 ``vllm.config.vllm.HAS_TRITON`` (True, as on the GPU: it picks
+    the model runner, whose V1 refuses DSpark drafts). Why:
+    the package chose its classes under this box's CPU platform; the AMD
+    wrapper moves its vision tower to the current device; the KDA layer
+    imports an AITER kernel it runs only in the forward. Re-check: the
+    package's exports, the registry's cache, the AMD KDA layer's imports.
+``stand_ins.rocm_attention.rocm_mla_attention_kernels``
+    On an AMD GPU: replaces ``get_attn_backend`` and
+    ``get_mla_prefill_backend`` as ``model_executor.layers.attention.
+    mla_attention`` (the AMD MLA layers; a sparse request keeps its own
+    stand-in) and ``models.kimi_k3.nvidia.mla`` (the DSpark draft's) look
+    them up: vLLM's own selector, asked with ``vllm.platforms``' current
+    platform as vLLM's ``RocmPlatform`` (its cache emptied on entry and
+    exit), whose backend keeps its classes and gets its implementation
+    class with ``__init__`` not run. Why: ROCm's selection depends on the
+    architecture and AITER, a CPU box's selector offers CPU backends only,
+    and AITER MLA's implementation imports AITER's kernels. Re-check: the
+    two names in both modules, ``RocmPlatform.get_attn_backend_cls``, the
+    selector's cache name; ``rocm_model.fused_kda_chunk_would_run`` (the
+    one compiled op it stands in as present, and vLLM's cache of the
+    answer).
 ``whole_model.with_the_nvidia_signature``
-    On an AMD GPU: the NVIDIA model's ``KimiDecoderLayer`` builds vLLM's
+    On an Intel GPU: the NVIDIA model's ``KimiDecoderLayer`` builds vLLM's
     AMD ``KimiMoE`` (``amd/linear.py``, upstream's or the plugin's) for its
-    MoE layers; the rest of the model is the NVIDIA one (vLLM's AMD model
-    as a whole does not build on a CPU with these stand-ins: its wrapper
-    moves the vision tower to the current device, its MLA asks ROCm's
-    attention selector and needs a full attention implementation). Why:
-    the routed experts' partition, what differs by platform, is the AMD
-    layer's own; attention, embeddings and norms are sized as NVIDIA's
-    (and the KV cache by NVIDIA's MLA backend's block sizes). Re-check:
-    both decoder layers' ``KimiMoE`` signatures.
+    MoE layers; the rest of the model is the NVIDIA one. Why: the routed
+    experts' partition, what differs by platform, is the AMD layer's own;
+    XPU's attention kernels are not stood in (``plan`` says so).
+    Re-check: both decoder layers' ``KimiMoE`` signatures.
 ``whole_model.kimi_moe_class``
     Replaces ``vllm.models.kimi_k3.nvidia.model.KimiMoE`` (the global
     ``KimiDecoderLayer`` builds). Why: to build the same model with vLLM's

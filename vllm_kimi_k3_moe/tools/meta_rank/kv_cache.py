@@ -24,7 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vllm_kimi_k3_moe.patching import replaced_attributes
+from vllm_kimi_k3_moe.tools.deployment.gpus import XPU, named_amd_arch
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import kda_prefill_kernel_of_the_gpu
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_attention import (
+    mla_backend_on_the_named_amd_gpu,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_model import (
+    fused_kda_chunk_would_run,
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,14 @@ class KvCacheShape:
     # builds DSA layers)
     dsa_layers: int = 0
     indexer_bytes_per_token: int = 0  # all DSA layers' indexer keys
+    # on an AMD GPU, the backend vLLM's ROCm selector picked for the MLA
+    # layers, by vLLM's name (None elsewhere: NVIDIA's stand-in is FlashMLA's
+    # block sizes, ``stand_ins.mla_backend_stand_in``, not a selection)
+    rocm_mla_backend: str | None = None
+    # on an AMD GPU: vLLM's KDA layers would keep one prefill-checkpoint
+    # state block per request more with vLLM's fused KDA chunk kernel, a
+    # build option of vLLM's ROCm wheel this machine cannot tell (not sized)
+    kda_checkpoint_if_fused: bool = False
 
     @classmethod
     def of(cls, specs: dict[str, Any]) -> KvCacheShape:
@@ -94,6 +110,11 @@ class KvCapacity:
     fitting_max_model_len: int | None = None  # vLLM's estimate, when refused
 
 
+class DecodeContextRefused(ValueError):
+    """vLLM's attention selector takes no MLA backend, or another one, under
+    a decode-context-parallel size (one line: vLLM's reason)."""
+
+
 _LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
 _ESTIMATED_MAX_LEN = re.compile(r"estimated maximum model length is (\d+)")
 
@@ -110,7 +131,8 @@ class KvCachePlanner:
         from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
 
         self.vllm_config = vllm_config
-        kda_prefill_kernel_of_the_gpu(vllm_config)
+        if named_amd_arch() in (None, XPU):  # NVIDIA's KDA layers
+            kda_prefill_kernel_of_the_gpu(vllm_config)
         # What the CUDA platform runs after loading the model (CudaPlatform
         # does not override it): block size and hybrid page alignment.
         Platform.update_block_size_for_backend(vllm_config)
@@ -122,6 +144,8 @@ class KvCachePlanner:
             KvCacheShape.of(self.specs),
             dcp_size=dcp,
             padding_layers=self._padding_layers(),
+            rocm_mla_backend=self._rocm_mla_backend(),
+            kda_checkpoint_if_fused=self._kda_checkpoint_if_fused(),
         )
         # the advisor asks the same again (vLLM alone and the plugin often
         # leave the same memory, and every DCP size of a layout is asked)
@@ -150,6 +174,43 @@ class KvCachePlanner:
         size = max(len(group.layer_names) for group in groups)
         return sum(size - len(group.layer_names) for group in groups)
 
+    def _mla_layer(self) -> Any:
+        """The first of the target's dense MLA layers (vLLM's built one)."""
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+        layers = self.vllm_config.compilation_config.static_forward_context
+        return next(
+            layers[name]
+            for name, spec in self.specs.items()
+            if isinstance(spec, MLAAttentionSpec)
+            and not layers[name].get_attn_backend().is_sparse()
+        )
+
+    def _rocm_mla_backend(self) -> str | None:
+        if named_amd_arch() in (None, XPU):
+            return None
+        return self._mla_layer().get_attn_backend().get_name()
+
+    def _kda_checkpoint_if_fused(self) -> bool:
+        """On an AMD GPU: whether the first KDA layer's own
+        ``get_kv_cache_spec`` gives a prefill-checkpoint block more were its
+        prefill kernel the fused one, where vLLM would run it
+        (``rocm_model.fused_kda_chunk_would_run``) and the build here did not
+        resolve it (this machine has not the compiled op)."""
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        if named_amd_arch() in (None, XPU) or not fused_kda_chunk_would_run():
+            return False
+        layers = self.vllm_config.compilation_config.static_forward_context
+        name, spec = next(
+            (name, spec)
+            for name, spec in self.specs.items()
+            if isinstance(spec, MambaSpec)
+        )
+        with replaced_attributes(layers[name], kda_prefill_backend="fused"):
+            fused = layers[name].get_kv_cache_spec(self.vllm_config)
+        return fused.num_prefill_checkpoint_blocks > spec.num_prefill_checkpoint_blocks
+
     def with_decode_context(self, dcp_size: int) -> KvCachePlanner:
         """This rank's specs sized by vLLM's planner under
         ``--decode-context-parallel-size dcp_size``: the same specs (the
@@ -168,8 +229,33 @@ class KvCachePlanner:
             self.vllm_config.parallel_config, decode_context_parallel_size=dcp_size
         )
         planner._capacities = {}
+        planner._same_backend_under_decode_context()
         self._by_dcp[dcp_size] = planner  # shared by the copies
         return planner
+
+    def _same_backend_under_decode_context(self) -> None:
+        """On an AMD GPU: vLLM's ROCm selector asked again for the MLA
+        layers' backend under this planner's DCP size (``use_dcp``: each
+        backend's ``validate_configuration`` says whether it takes DCP).
+        Raises ``DecodeContextRefused`` with vLLM's reason where no ROCm
+        backend takes the layer, or where it picks another backend than the
+        one the specs were built with (not sized here). Elsewhere nothing
+        is asked: NVIDIA's MLA backends all take DCP (the contract test
+        ``test_context_parallel_rules_vllm`` holds it)."""
+        backend = self._mla_layer().get_attn_backend()
+        try:
+            selected = mla_backend_on_the_named_amd_gpu(self.vllm_config, backend)
+        except ValueError as error:  # vLLM's selector: no backend takes it
+            raise DecodeContextRefused(
+                f"vLLM's ROCm attention selector refuses DCP {self.shape.dcp_size}: "
+                + str(error).split("\n")[0]
+            ) from error
+        if selected is not None and selected != self.shape.rocm_mla_backend:
+            raise DecodeContextRefused(
+                f"vLLM's ROCm attention selector picks {selected} under DCP "
+                f"{self.shape.dcp_size} ({self.shape.rocm_mla_backend} without it), "
+                "whose KV cache plan does not size (it sized the build without DCP)"
+            )
 
     def _resolve_layout(self) -> None:
         from vllm.distributed.kv_transfer.kv_connector.utils import (

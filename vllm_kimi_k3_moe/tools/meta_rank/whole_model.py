@@ -10,25 +10,23 @@ own code throughout; ``rank`` and ``stand_ins`` stand in only for what a CPU
 lacks (parallel groups, CUDA streams and events, the current device,
 attention, MoE and linear kernels), none of which holds parameters.
 
-On an AMD GPU (``plan --gpu mi300x``; ``gpus.an_amd_gpu_named``) vLLM
-builds Kimi-K3 from ``vllm/models/kimi_k3/amd``, whose ``KimiMoE`` (in
-``amd/linear.py``) is the one that pads and raises. Its whole model does
-not build on a CPU with the stand-ins here yet (its wrapper moves the
-vision tower to the current device unconditionally, its MLA asks ROCm's
-attention selector, its KDA has kernels of its own), so the AMD build is a
-hybrid: vLLM's NVIDIA model for everything but the routed MoE, whose layers
-are vLLM's AMD ``KimiMoE`` (upstream's or the plugin's), built under ROCm's
-platform on that GPU's architecture (``stand_ins.amd_gpu``) with ROCm's own
-MoE kernel selection. The MoE layers, which hold what differs by platform
-(the routed experts' partition), are AMD's own; attention, embeddings and
-norms are sized as vLLM's NVIDIA model allocates them.
+On an AMD GPU (``plan --gpu mi300x``; ``gpus.an_amd_gpu_named``) the
+model is vLLM's AMD one, whole, as ROCm builds it (``vllm/models/kimi_k3/
+amd``: its wrapper, ``amd/linear.py``'s language model and ``KimiMoE``,
+upstream's or the plugin's, its ROCm KDA layers, ``amd/mtp.py``'s draft),
+under ROCm's platform on that GPU's architecture (``stand_ins.amd_gpu``,
+``stand_ins.rocm_model``), its MLA layers on the backend vLLM's ROCm
+selector picks there (``stand_ins.rocm_attention``). On an Intel GPU (XPU)
+the build is still a hybrid: vLLM's NVIDIA model for everything but the
+routed MoE, whose layers are vLLM's AMD ``KimiMoE`` (XPU's attention and
+KDA kernels are not stood in), and ``plan`` says so.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ from typing import Any
 import vllm_kimi_k3_moe
 from vllm_kimi_k3_moe.compat import dsa_topk_indices_buffer
 from vllm_kimi_k3_moe.patching import replaced_attributes
-from vllm_kimi_k3_moe.tools.deployment.gpus import named_amd_arch
+from vllm_kimi_k3_moe.tools.deployment.gpus import XPU, named_amd_arch
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.deployment.text_config import main_moe_layers
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment, Serving
@@ -55,6 +53,12 @@ from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.amd_gpu import (
     as_on_the_named_amd_gpu,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_attention import (
+    rocm_mla_attention_kernels,
+)
+from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_model import (
+    vllms_amd_model_on_cpu,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import (
     OnlineQuantization,
@@ -85,7 +89,7 @@ def with_the_nvidia_signature(amd_kimi_moe_cls: type) -> Any:
     ``KimiMoE`` (keywords ``vllm_config``, ``use_sequence_parallel`` and
     ``run_gemm_rs_ar`` besides), building ``amd_kimi_moe_cls`` as AMD's
     decoder layer does (config, quant_config, prefix, layer_idx): the
-    hybrid build the module docstring describes."""
+    hybrid build on an Intel GPU the module docstring describes."""
 
     def build(
         config: Any,
@@ -136,24 +140,40 @@ def build_rank(
     ``gpus_per_node`` GPUs) on the ``meta`` device, its MoE layers built
     from ``kimi_moe_cls``, sized; with ``--speculative-config speculative``
     (``draft.for_vllm``'s), its draft too (``draft.build_draft``), counted
-    on the last pipeline stage. With an AMD GPU named
+    on the last pipeline stage. With an AMD or Intel GPU named
     (``gpus.an_amd_gpu_named``), ``kimi_moe_cls`` is vLLM's AMD ``KimiMoE``
-    (or upstream's of it), built under ROCm's platform (the module
-    docstring)."""
+    (or upstream's of it), in vLLM's AMD model on ROCm, in the hybrid on XPU
+    (the module docstring)."""
     import torch
     from vllm.config import set_current_vllm_config
-    from vllm.models.kimi_k3.nvidia import model as model_module
     from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
 
-    on_amd = named_amd_arch() is not None
-    built_as = with_the_nvidia_signature(kimi_moe_cls) if on_amd else kimi_moe_cls
-    with (
-        rank_zero_of(deployment, pp_rank),
-        whole_model_on_cpu(),
-        online_method_quantizers(),
-        kimi_moe_class(model_module, built_as),
-        as_on_the_named_amd_gpu(),
-    ):
+    arch = named_amd_arch()
+    on_rocm = arch not in (None, XPU)
+    # vLLM's draft loaders import its compiler's passes, which choose at
+    # import, by platform, fusion passes that reference GPU ops: imported
+    # here under this host's platform, not the stood-in GPU's (they compile
+    # kernels and allocate nothing the tools size)
+    importlib.import_module("vllm.compilation.backends")
+    if on_rocm:  # vLLM's AMD model, as a whole
+        model_module = importlib.import_module("vllm.models.kimi_k3.amd.model")
+        moe_module, built_as = amd_kimi_moe_module(), kimi_moe_cls
+    else:
+        model_module = importlib.import_module("vllm.models.kimi_k3.nvidia.model")
+        moe_module = model_module
+        # on XPU the hybrid (the module docstring)
+        built_as = (
+            kimi_moe_cls if arch is None else with_the_nvidia_signature(kimi_moe_cls)
+        )
+    with ExitStack() as stack:
+        stack.enter_context(rank_zero_of(deployment, pp_rank))
+        stack.enter_context(whole_model_on_cpu())
+        stack.enter_context(online_method_quantizers())
+        stack.enter_context(kimi_moe_class(moe_module, built_as))
+        stack.enter_context(as_on_the_named_amd_gpu())
+        if on_rocm:
+            stack.enter_context(vllms_amd_model_on_cpu())
+            stack.enter_context(rocm_mla_attention_kernels())
         vllm_config = rank_vllm_config(
             model_dir,
             deployment,

@@ -14,11 +14,14 @@ parallelism) and reused by every layout that shares it.
 ``topology.validate`` refuses, before any build, what vLLM cannot build, so
 every GPU of a stage allocates what its rank 0 does.
 On an AMD GPU (``plan --gpu mi300x``: ``gpus.an_amd_gpu_named`` held) the
-MoE layers are vLLM's AMD ``KimiMoE`` (``vllm/models/kimi_k3/amd/linear.py``),
-upstream's and the plugin's, built under ROCm's platform on that GPU's
-architecture (``whole_model``'s hybrid build); vLLM alone's raises at every
-tensor-parallel size of 16 or more, which makes the layout one vLLM alone
-cannot build, with its error and what it means (``AMD_PADDING_RAISES``).
+model is vLLM's AMD one, its MoE layers vLLM's AMD ``KimiMoE``
+(``vllm/models/kimi_k3/amd/linear.py``), upstream's and the plugin's, built
+under ROCm's platform on that GPU's architecture (``whole_model``; on an
+Intel GPU its hybrid build); vLLM alone's raises at every tensor-parallel
+size of 16 or more, which makes the layout one vLLM alone cannot build,
+with its error and what it means (``AMD_PADDING_RAISES``). A DCP size is
+planned on ROCm where vLLM's ROCm attention selector takes it
+(``KvCachePlanner.with_decode_context``), else refused with its reason.
 """
 
 from __future__ import annotations
@@ -59,7 +62,10 @@ from vllm_kimi_k3_moe.tools.meta_rank.allocation import (
     PlacedAllocation,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.draft import for_vllm, write_draft_dir
-from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import KvCachePlanner
+from vllm_kimi_k3_moe.tools.meta_rank.kv_cache import (
+    DecodeContextRefused,
+    KvCachePlanner,
+)
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import write_model_dir
 from vllm_kimi_k3_moe.tools.meta_rank.whole_model import (
     BUILD_ERRORS,
@@ -314,7 +320,10 @@ class Planner:
         """Size ``deployment`` (validated here first)."""
         validate(self.text_config, deployment)
         built = self._built(deployment)
-        kv = built.kv.with_decode_context(deployment.dcp_size)
+        try:
+            kv = built.kv.with_decode_context(deployment.dcp_size)
+        except DecodeContextRefused as error:
+            raise PlanError(str(error)) from error
         num_layers = self.text_config["num_hidden_layers"]
         ranges = pipeline_stages(num_layers, deployment.pp_size)
         last = len(ranges) - 1

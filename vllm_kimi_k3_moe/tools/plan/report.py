@@ -142,6 +142,7 @@ def wide_table(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} bytes "
             f"per token on every GPU ({kv.mla_layers} MLA layers), plus",
             f"the state of {kv.kda_layers} KDA layers per sequence, split by TP.",
+            *_rocm_backend_note(kv),
             *_indexer_note(kv),
         ]
     return "\n".join(
@@ -247,6 +248,7 @@ def table(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence."
         )
+        lines += _rocm_backend_note(kv)
         lines += _kv_columns_note(plans)
         lines += _indexer_note(kv)
     return "\n".join(lines + _dcp_note(plans) + _draft_note(plans))
@@ -314,6 +316,17 @@ def _gpu_heading(budget: KvBudget | None, gpu: str | None) -> str:
     if budget is None:
         return ""
     return f", {gpu or f'{_gpu_gb(budget):.1f} GB'} GPUs"
+
+
+def _rocm_backend_note(kv: KvCacheShape) -> list[str]:
+    """On an AMD GPU: the MLA backend whose blocks the KV cache was sized
+    with, as vLLM's ROCm selector picked it."""
+    if kv.rocm_mla_backend is None:
+        return []
+    return [
+        f"MLA attention: {kv.rocm_mla_backend}, as vLLM's ROCm selector picks it",
+        f"here (its KV-cache blocks: {kv.block_size} tokens).",
+    ]
 
 
 def _indexer_note(kv: KvCacheShape) -> list[str]:

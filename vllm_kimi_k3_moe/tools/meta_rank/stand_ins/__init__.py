@@ -27,6 +27,9 @@ The ledger of all of them, with what to re-check at a vLLM bump, is
 - ``rocm_platform``: an AMD GPU (ROCm, its architecture, AITER's switches).
 - ``amd_gpu``: the AMD GPU ``plan --gpu``/``check --gpu`` names, as
   ``rocm_platform`` stands in for it.
+- ``rocm_attention``: ROCm's attention selector and its MLA backend.
+- ``rocm_model``: vLLM's AMD Kimi-K3 as the ``kimi_k3`` package exports it
+  on ROCm, the current device, AITER's KDA kernel handle.
 
 ``current_platform.num_compute_units()`` (which a CPU platform does not
 implement) needs no stand-in: only the MLA kernel objects ask for it, and

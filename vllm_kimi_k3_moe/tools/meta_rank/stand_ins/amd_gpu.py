@@ -11,7 +11,9 @@ MoE is on where ``VLLM_ROCM_USE_AITER`` says so, read by vLLM's own
 CDNA4, where vLLM then selects AITER's MXFP4 experts; off for CDNA3, vLLM's
 default, where it selects the emulation experts either way). Emulation's
 MoE build needs vLLM's SiTU op, a compiled op a CPU box lacks
-(``moe_forward.situ_and_mul_op_on_cpu``); nothing else changes. On an
+(``moe_forward.situ_and_mul_op_on_cpu``), and a SiLU MLP (the DSpark
+draft's) vLLM's SiLU op (``moe_forward.silu_and_mul_op_on_cpu``); nothing
+else changes. On an
 Intel GPU (``XPU``) ``rocm_platform.an_intel_gpu`` stands in instead.
 Holds no parameters.
 """
@@ -31,6 +33,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     named_amd_arch,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.moe_forward import (
+    silu_and_mul_op_on_cpu,
     situ_and_mul_op_on_cpu,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins.rocm_platform import (
@@ -93,4 +96,5 @@ def as_on_the_named_amd_gpu() -> Iterator[bool]:
         else:
             stack.enter_context(an_amd_gpu(_REPORTED[arch], aiter=named_aiter()))
         stack.enter_context(situ_and_mul_op_on_cpu())
+        stack.enter_context(silu_and_mul_op_on_cpu())
         yield True

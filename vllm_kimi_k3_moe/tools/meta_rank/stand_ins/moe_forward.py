@@ -1,7 +1,8 @@
 """Stands in for the compiled ops and the CUDA driver query that vLLM's
 batched reference MoE kernel (``NaiveBatchedExperts``: ``selftest`` on a
 CPU, the forward-equivalence tests) needs from a GPU: ``_C::situ_and_mul``
-and the CUDA-graph capture check.
+and the CUDA-graph capture check; and ``_C::silu_and_mul``, which vLLM's
+``SiluAndMul`` takes a handle of when built on ROCm (the DSpark draft).
 
 Why: a CUDA wheel on a CPU box does not load ``vllm._C``, and there is no
 CUDA driver to ask. What the real ones guarantee and is kept: the SiTU op is
@@ -63,6 +64,35 @@ def situ_and_mul_op_on_cpu() -> Iterator[None]:
     finally:
         if _situ_defined and _situ_defined[-1] is library:
             _situ_defined.pop()
+        library._destroy()
+
+
+def _silu_and_mul_on_cpu(result: Any, input: Any) -> None:
+    """``_C::silu_and_mul`` as vLLM's own ``SiluAndMul.forward_native``
+    computes it."""
+    from vllm.model_executor.layers.activation import SiluAndMul
+
+    result.copy_(SiluAndMul.forward_native(input))
+
+
+@contextmanager
+def silu_and_mul_op_on_cpu() -> Iterator[None]:
+    """``torch.ops._C.silu_and_mul``, which vLLM's ``SiluAndMul`` takes a
+    handle of when built on a CUDA-like platform (the DSpark draft's MLPs on
+    ROCm), defined for the block with vLLM's own pure-torch SiLU, where
+    ``vllm._C`` does not define it; removed again on exit. Holds no
+    parameters."""
+    import torch
+
+    if hasattr(torch.ops._C, "silu_and_mul"):
+        yield
+        return
+    library = torch.library.Library("_C", "FRAGMENT")
+    try:
+        library.define("silu_and_mul(Tensor! result, Tensor input) -> ()")
+        library.impl("silu_and_mul", _silu_and_mul_on_cpu, "CPU")
+        yield
+    finally:
         library._destroy()
 
 
