@@ -18,21 +18,23 @@ import shutil
 from pathlib import Path
 
 MODEL_INFOS = "modelinfos"  # vLLM's directory under its cache root
+KIMI_K3 = "KimiK3ForConditionalGeneration"  # what vllm serve builds
 
 
 def installed_model_infos() -> Path:
-    """Where the installed vLLM, as this process sees it, caches them."""
+    """Where the installed vLLM, as this process sees it, caches them, its
+    Kimi-K3 entry current: vLLM's own lookup, which inspects the class
+    where the entry is missing or another package's (once a suite: the
+    first of its processes to miss would otherwise be each copy's)."""
     from vllm import envs
+    from vllm.model_executor.models.registry import ModelRegistry
 
+    ModelRegistry.models[KIMI_K3].inspect_model_cls()
     return Path(envs.VLLM_CACHE_ROOT) / MODEL_INFOS
 
 
 def seeded_cache_root(directory: Path) -> Path:
     """``directory`` as a vLLM cache root holding a copy of the installed
-    model-info cache (none where it has none yet)."""
-    source = installed_model_infos()
-    if source.is_dir():
-        shutil.copytree(source, directory / MODEL_INFOS)
-    else:
-        directory.mkdir(parents=True, exist_ok=True)
+    model-info cache."""
+    shutil.copytree(installed_model_infos(), directory / MODEL_INFOS)
     return directory
