@@ -17,24 +17,25 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-MODEL_INFOS = "modelinfos"  # vLLM's directory under its cache root
 KIMI_K3 = "KimiK3ForConditionalGeneration"  # what vllm serve builds
 
 
 def installed_model_infos() -> Path:
-    """Where the installed vLLM, as this process sees it, caches them, its
-    Kimi-K3 entry current: vLLM's own lookup, which inspects the class
-    where the entry is missing or another package's (once a suite: the
-    first of its processes to miss would otherwise be each copy's)."""
-    from vllm import envs
+    """Where the installed vLLM, as this process sees it, caches them
+    (its registry's own directory), its Kimi-K3 entry current: vLLM's own
+    lookup, which inspects the class where the entry is missing or another
+    package's (once a suite: the first of its processes to miss would
+    otherwise be each copy's)."""
     from vllm.model_executor.models.registry import ModelRegistry
 
-    ModelRegistry.models[KIMI_K3].inspect_model_cls()
-    return Path(envs.VLLM_CACHE_ROOT) / MODEL_INFOS
+    registered = ModelRegistry.models[KIMI_K3]
+    registered.inspect_model_cls()
+    return registered._get_cache_dir()
 
 
 def seeded_cache_root(directory: Path) -> Path:
     """``directory`` as a vLLM cache root holding a copy of the installed
     model-info cache."""
-    shutil.copytree(installed_model_infos(), directory / MODEL_INFOS)
+    source = installed_model_infos()
+    shutil.copytree(source, directory / source.name)
     return directory

@@ -266,10 +266,10 @@ def test_the_patch_is_verified_with_the_plugin_off(tmp_path, monkeypatch):
     """The whole command: lint, the patch's tests and the behaviour tests on
     the patched copy with VLLM_PLUGINS="", and the matrix compared with the
     plugin on released vLLM (6 to 9 minutes on 2 cores loaded by other jobs)."""
-    # The user's vLLM cache as the command sees it, a copy of this one's: the
-    # model-info entry of Kimi-K3 is one file for every release, whose
-    # packages hash apart, so another release's run may have written it (the
-    # released vLLM's run then inspects the class again, and writes it).
+    # The user's vLLM cache as the command sees it, a copy of this one's with
+    # the installed Kimi-K3 entry current: that entry is one file for every
+    # release, whose packages hash apart, so another release's run may have
+    # written it.
     cache_root = seeded_cache_root(tmp_path / "vllm-cache")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(cache_root))
     result = verify_patch("--json")

@@ -323,6 +323,18 @@ def test_every_linear_layer_a_method_quantizes_is_counted_quantized(
     assert quantized > 0 and left == 0, built.online_linear
 
 
+def assert_meta_like(got: tuple, reference: tuple) -> None:
+    """Each of ``got`` a ``meta`` tensor of its ``reference`` tensor's shape,
+    strides and dtype."""
+    for tensor, expected in zip(got, reference, strict=True):
+        assert tensor.device.type == "meta"
+        assert (tensor.shape, tensor.stride(), tensor.dtype) == (
+            expected.shape,
+            expected.stride(),
+            expected.dtype,
+        )
+
+
 @pytest.mark.parametrize(
     "shape, axis", [((192, 3584), -1), ((3584, 96), -1), ((7, 64, 128), 1)]
 )
@@ -347,13 +359,7 @@ def test_mxfp4_on_meta_is_what_the_torch_reference_gives(kimi_model, shape, axis
         again = mxfp4_utils.downcast_to_mxfp(src, axis)
     for got in (first, again):
         quant, scale, scale_shape = got
-        for tensor, expected in zip((quant, scale), reference, strict=True):
-            assert tensor.device.type == "meta"
-            assert (tensor.shape, tensor.stride(), tensor.dtype) == (
-                expected.shape,
-                expected.stride(),
-                expected.dtype,
-            )
+        assert_meta_like((quant, scale), reference)
         assert scale_shape == tuple(reference[1].shape)
     assert first[0] is not again[0]
 
@@ -380,11 +386,5 @@ def test_fp8_per_block_on_meta_is_what_its_python_gives(kimi_model, shape):
         )
     assert online_fp8.per_block_cast_to_fp8 is compiled  # put back
     for got in (first, again):
-        for tensor, expected in zip(got, reference, strict=True):
-            assert tensor.device.type == "meta"
-            assert (tensor.shape, tensor.stride(), tensor.dtype) == (
-                expected.shape,
-                expected.stride(),
-                expected.dtype,
-            )
+        assert_meta_like(got, reference)
     assert first[0] is not again[0]
