@@ -9,12 +9,24 @@ last would leave the other workers idle until it ends."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from vllm_kimi_k3_moe.tools.deployment.remembered import (
     CACHE_VARIABLE,
     vllm_environment,
 )
+
+# One torch thread per process: pytest-xdist runs one worker per core (the
+# README's -n auto), and tests start child processes besides; torch's own
+# pool of one thread per core (its OpenMP threads spin while they wait)
+# oversubscribed the CPU. vLLM 0.34.0's suite on 2 cores took 800 to 890 s
+# with it and 702 s without. Set before any test module imports torch (this
+# file is loaded first); child processes inherit it. Results do not depend
+# on it: the forward tests compare within a tolerance, and a bit-for-bit
+# comparison runs both sides under the same setting.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -6,15 +6,13 @@ that release is installed; CI runs both releases. The README's figure is
 what ``plan --plot`` draws on vLLM 0.34.0.
 
 One test runs them all, in this process (one pytest-xdist worker), sharing
-one answers cache and one planner per question asked of ``plan`` (as the
-suite's planner fixtures do), so the plans the docs show are built once; it
+one answers cache and one planner per question asked of ``plan``
+(``tests.shared_planners``), so the plans the docs show are built once; it
 names every block that differs."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,38 +21,13 @@ import pytest
 from tests.docs.commands import Workspace, run
 from tests.docs.markdown_blocks import REPO, Block, every_block
 from tests.docs.matching import difference, matches
+from tests.shared_planners import shared_planners
 from vllm_kimi_k3_moe.tools.deployment.remembered import CACHE_VARIABLE
-from vllm_kimi_k3_moe.tools.plan import answers
 
 INSTALLED_VLLM = importlib.metadata.version("vllm")
 CONSOLE = [block for block in every_block() if block.language == "console"]
 FIGURE = Path("docs/plan-h20.svg")
 FIGURE_RELEASE = "0.34.0"
-
-
-@contextlib.contextmanager
-def shared_planners(patch: pytest.MonkeyPatch) -> Iterator[None]:
-    """``answers.Planner`` made once per set of arguments for the block, and
-    closed at its end (a command closes the planner it made: kept open)."""
-    made: dict[str, Any] = {}
-    real = answers.Planner
-
-    class Kept(real):  # type: ignore[misc, valid-type]
-        def close(self) -> None:
-            """Kept open for the next command."""
-
-    def planner(*args: Any) -> Any:
-        key = repr(args)
-        if key not in made:
-            made[key] = Kept(*args)
-        return made[key]
-
-    patch.setattr(answers, "Planner", planner)
-    try:
-        yield
-    finally:
-        for kept in made.values():
-            real.close(kept)
 
 
 def differs(block: Block, workspace: Workspace, capsys: Any) -> list[str]:

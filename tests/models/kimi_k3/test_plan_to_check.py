@@ -16,6 +16,7 @@ from huggingface_hub import constants
 from huggingface_hub.file_download import repo_folder_name
 
 from benchmarks.header_set import write as write_header_set
+from tests.shared_planners import shared_planners
 from vllm_kimi_k3_moe.tools.cli import main
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 from vllm_kimi_k3_moe.tools.plan.report import as_json, serve_commands
@@ -72,8 +73,9 @@ def test_plans_printed_lines_pass_check(
     assert all(" \\\n" in block for block in blocks.values())
     (document,) = json.loads(as_json([plan]))
     assert len(document["serve_commands"]) == 4  # 4 nodes of 8 GPUs
-    for pasted in [*blocks.values(), *document["serve_commands"]]:
-        assert check_status(capsys, "--serve-command", pasted) == 0
+    with shared_planners(monkeypatch):  # every line sizes the same TP32
+        for pasted in [*blocks.values(), *document["serve_commands"]]:
+            assert check_status(capsys, "--serve-command", pasted) == 0
 
 
 def test_plans_default_model_is_read_from_the_hugging_face_cache(
