@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import importlib
 import os
-import tempfile
 
 from tests.models.kimi_k3.preparation.harness import PreparationCase
 from tests.models.kimi_k3.preparation.test_in_place_updates import (
@@ -35,6 +34,7 @@ from tests.models.kimi_k3.preparation.updates import (
     reload_mode_of,
     served_rank,
     snapshot,
+    update_state,
     weights_of,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
@@ -43,9 +43,8 @@ from vllm_kimi_k3_moe.tools.selftest.harness import vllm_alone
 
 def _updated(kimi_model, case: PreparationCase, path: str, seed: int) -> list:
     """Snapshots after each update (cold start and updates with ``seed``)."""
-    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-updates-")}
     found = []
-    with served_rank(kimi_model, case, 0, seed=seed) as served:
+    with update_state() as state, served_rank(kimi_model, case, 0, seed=seed) as served:
         for version in UPDATES:
             PATHS[path](served, weights_of(served.layer, version), state)
             found.append(snapshot(served.experts))

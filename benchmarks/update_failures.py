@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +29,7 @@ from tests.models.kimi_k3.preparation.updates import (
     differences,
     served_rank,
     snapshot,
+    update_state,
     weights_of,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
@@ -75,8 +75,7 @@ CASES: dict[str, tuple[Callable[[Weights], list[Weights]], Any]] = {
 
 def outcome(kimi_model: Any, case: PreparationCase, path: str, name: str) -> str:
     sends, holds_b = CASES[name]
-    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-failures-")}
-    with served_rank(kimi_model, case, 0, seed=1) as served:
+    with update_state() as state, served_rank(kimi_model, case, 0, seed=1) as served:
         a, b = weights_of(served.layer, 0), weights_of(served.layer, 1)
         fresh_a = snapshot(served.experts)
         said = ""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import tempfile
 import textwrap
 from collections.abc import Callable
 
@@ -30,6 +29,7 @@ from tests.models.kimi_k3.preparation.updates import (
     differences,
     served_rank,
     snapshot,
+    update_state,
     weights_of,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
@@ -83,8 +83,7 @@ def main() -> None:
         "marlin, 4 experts 256 wide, on the CPU, with the plugin"
     )
     reload_weights = PATHS["reload_weights"]
-    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-update-")}
-    with quiet_vllm():
+    with quiet_vllm(), update_state() as state:
         vllm_kimi_k3_moe.register()
         kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
         fresh = {}

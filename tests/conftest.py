@@ -4,8 +4,10 @@ operator's own runs, kept, and none writes to the user's cache. Each test
 is a command of its own: the VLLM_* settings are read afresh.
 
 The tests marked ``slow`` (a minute or more each on CI's 2 cores) run first:
-pytest-xdist hands tests out in collection order, and one of them started
-last would leave the other workers idle until it ends."""
+one of them started last would leave the other workers idle until it ends.
+pytest-xdist's worksteal (``pyproject.toml``) gives each worker an equal
+share in collection order, all of these in the first worker's, and a worker
+done with its share takes half of what another has not started."""
 
 from __future__ import annotations
 

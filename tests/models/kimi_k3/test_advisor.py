@@ -226,9 +226,14 @@ def test_the_serve_command_parses_to_the_layout(kimi_model, deployment, serving)
 
 
 def test_advisor_json_has_one_entry_per_layout(kimi_model, capsys):
+    """Each layout's figures; where none fits (8 B200s), no next step is
+    sized: the table's last lines, which --json does not print."""
     assert main(["plan", "--gpus", "8", "--gpu", "b200", "--json"]) == 0
-    documents = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    documents = json.loads(printed.out)
     assert documents
+    assert not any(document["fits"]["fixed"] for document in documents)
+    assert "sizing more GPUs" not in printed.err
     for document in documents:
         deployment = document["deployment"]
         assert deployment["gpus"] == 8 and "pp_size" in deployment

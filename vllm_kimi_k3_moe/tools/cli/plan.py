@@ -312,7 +312,9 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.gpus is not None:
             plans, refused = answers.advise(args.gpus)
-            if not fitting(plans):
+            # the advisor's table ends with it; --json and --wide print the
+            # layouts alone (sizing it was more than half of such a command)
+            if not fitting(plans) and not (args.json or args.wide):
                 step = _next_step(args, asked, answers, plans)
         else:
             plans, refused = answers.plan(asked.deployments), []

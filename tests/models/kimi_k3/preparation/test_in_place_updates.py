@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from types import ModuleType
 from typing import Any
 
@@ -23,6 +22,7 @@ from tests.models.kimi_k3.preparation.updates import (
     has_lifecycle,
     served_rank,
     snapshot,
+    update_state,
     weights_of,
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
@@ -95,10 +95,10 @@ def updated_like_fresh(
         for version in UPDATES
     }
     problems = []
-    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-updates-")}
-    with served_rank(
-        kimi_model, case, 0, online, seed=1, selection=selection
-    ) as served:
+    with (
+        update_state() as state,
+        served_rank(kimi_model, case, 0, online, seed=1, selection=selection) as served,
+    ):
         assert is_online(served.experts.quant_method) == (online is not None)
         for version in UPDATES:
             PATHS[path](served, weights_of(served.layer, version), state)

@@ -14,7 +14,6 @@ end with those tensors prepared from materialised memory (zeros on 0.34)."""
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +29,7 @@ from tests.models.kimi_k3.preparation.updates import (
     has_lifecycle,
     served_rank,
     snapshot,
+    update_state,
     weights_of,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
@@ -72,10 +72,12 @@ def sent_in_parts(
     """A, then B in the parts ``CASES[name]`` sends through ``path``: what
     differs from a fresh load of the mixture; then B whole."""
     updates, holds_b = CASES[name]
-    with served_rank(kimi_model, case, 0, online, seed=1) as served:
+    with (
+        update_state() as state,
+        served_rank(kimi_model, case, 0, online, seed=1) as served,
+    ):
         a, b = weights_of(served.layer, 0), weights_of(served.layer, 1)
         storage = storage_of(served.experts)
-        state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-partial-")}
         for keep in updates:
             PATHS[path](served, only(b, keep), state)
         held = snapshot(served.experts)
@@ -152,8 +154,7 @@ def refused_then_whole(
     problems = []
     with served_rank(kimi_model, case, 1, seed=101) as fresh_b:
         expected_b = snapshot(fresh_b.experts)
-    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-partial-")}
-    with served_rank(kimi_model, case, 0, seed=1) as served:
+    with update_state() as state, served_rank(kimi_model, case, 0, seed=1) as served:
         a = snapshot(served.experts)
         b = weights_of(served.layer, 1)
         with pytest.raises(ValueError) as refused:

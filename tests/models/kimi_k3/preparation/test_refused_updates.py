@@ -10,7 +10,6 @@ next whole update lands right."""
 from __future__ import annotations
 
 import json
-import tempfile
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ from tests.models.kimi_k3.preparation.updates import (
     reload_from_disk,
     served_rank,
     snapshot,
+    update_state,
     weights_of,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
@@ -72,8 +72,10 @@ def refused_then_whole(
     with served_rank(kimi_model, case, 1, online, seed=101) as fresh_b:
         fresh = {1: snapshot(fresh_b.experts)}
     problems = []
-    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-refused-")}
-    with served_rank(kimi_model, case, 0, online, seed=1) as served:
+    with (
+        update_state() as state,
+        served_rank(kimi_model, case, 0, online, seed=1) as served,
+    ):
         fresh[0] = snapshot(served.experts)
         storage = storage_of(served.experts)
         with pytest.raises(ValueError) as refused:
@@ -161,8 +163,7 @@ def test_a_checkpoint_directory_is_refused_by_its_headers(
     case = PreparationCase("mxfp4", "marlin", TP32, 31)
     with served_rank(kimi_model, case, 1, seed=101) as fresh_b:
         expected_b = snapshot(fresh_b.experts)
-    state = {"directory": tempfile.mkdtemp(prefix="kimi-k3-refused-")}
-    with served_rank(kimi_model, case, 0, seed=1) as served:
+    with update_state() as state, served_rank(kimi_model, case, 0, seed=1) as served:
         a, storage = snapshot(served.experts), storage_of(served.experts)
         with pytest.raises(ValueError) as refused:
             reload_from_disk(served, sent(weights_of(served.layer, 1)), state)

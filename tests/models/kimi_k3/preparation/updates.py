@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -208,6 +209,15 @@ def differences(found: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) 
 
 
 # --- vLLM's update paths, each as a running server takes it ------------------
+
+
+@contextlib.contextmanager
+def update_state() -> Iterator[dict]:
+    """What one rank's updates through ``PATHS`` share: the load plan direct
+    mode traces at its first update, and the directory the disk paths write
+    each update's checkpoint into (tens of MB each), removed after."""
+    with tempfile.TemporaryDirectory(prefix="kimi-k3-updates-") as directory:
+        yield {"directory": directory}
 
 
 def reload_weights(served: ServedRank, weights: Weights, state: dict) -> None:
