@@ -6,10 +6,10 @@ vLLM caches what it inspects of a model class (``_ModelInfo``) in one file
 per class under ``VLLM_CACHE_ROOT/modelinfos``, keyed by a hash of the class's
 package; on a miss it inspects the class in a child process of its own
 (about 20 s on CI's 2 cores) and writes the file over. A copy whose Kimi-K3
-package is the installed one's finds its entry here; one whose package
-differs (the in-tree patch changes it) inspects and writes into this
-directory, not over the installed entry, which every later process of the
-suite would otherwise inspect again.
+package is the installed one's finds its entry here. The in-tree patch's
+copies, whose package differs, cache where ``upstream.verify_patch`` keeps
+theirs (``PATCHED_CACHE_ROOT``), never over the installed entry, which every
+later process of the suite would otherwise inspect again.
 """
 
 from __future__ import annotations

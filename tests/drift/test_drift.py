@@ -23,6 +23,7 @@ from tests.drift.copies import DRIFTS, Drift, drifted_copy
 from tests.drift.in_copy import FIRST
 from tests.model_info_cache import seeded_cache_root
 from upstream.project_helpers import PARTITIONS
+from upstream.verify_patch import PATCHED_CACHE_ROOT
 
 REPO = Path(__file__).parents[2]
 PATCH = "vllm_kimi_k3_moe."
@@ -76,7 +77,14 @@ def run_on(drift: Drift, root: Path) -> dict:
     copy = drifted_copy(drift, root)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     env["PYTHONPATH"] = os.pathsep.join([str(copy), str(REPO)])
-    env["VLLM_CACHE_ROOT"] = str(seeded_cache_root(root.parent / "vllm-cache"))
+    # vLLM's model-info cache (tests.model_info_cache): the in-tree copy's
+    # Kimi-K3 package is the one verify_patch's patched steps run, whose entry
+    # they keep under PATCHED_CACHE_ROOT (one inspection of it, about 15 s,
+    # for both tests); every other copy's is the installed one's
+    if drift.in_tree:
+        env["VLLM_CACHE_ROOT"] = str(PATCHED_CACHE_ROOT)
+    else:
+        env["VLLM_CACHE_ROOT"] = str(seeded_cache_root(root.parent / "vllm-cache"))
     if drift.first is not None:
         env[FIRST] = drift.first
     child = subprocess.run(
