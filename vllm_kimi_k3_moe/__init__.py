@@ -51,6 +51,28 @@ ledger entry; each applies and reverts on its own):
     (the K the kernel divides by the scale rows). Delete with the model
     patch.
 
+``vllm_kimi_k3_moe.model_executor.model_loader.reload.layerwise``
+    ``reload.layerwise.initialize_layerwise_reload``, wherever vLLM binds
+    it: an update starts clean, whatever the one before it left open (put
+    back as it was), and each Kimi-K3 layer starts a new record of what is
+    sent to it. Delete when vLLM's reload rolls back unfinished updates.
+
+``vllm_kimi_k3_moe.model_executor.model_loader.reload.direct`` (vLLM 0.34)
+    ``reload.direct.begin_direct_reload``: the same new record in vLLM's
+    direct mode. Delete with the strict expert loader.
+
+``vllm_kimi_k3_moe.model_executor.model_loader.reload.plan`` (vLLM 0.34)
+    ``reload.plan.plan_loads`` and ``LoadPlan.get_dest``: what a load plan
+    writes without the loaders counts as sent; a plan declaring part of what
+    a kernel keeps together is refused before anything is written. Delete
+    with the strict expert loader.
+
+``vllm_kimi_k3_moe.model_executor.models.utils``
+    ``AutoWeightsLoader.load_weights``: an update of a Kimi-K3 model that
+    fails midway, for any reason, leaves every layer it had not finished
+    holding what it held. Delete when vLLM's reload rolls back a failed
+    update.
+
 Every patch was verified against vLLM 0.33.0 and 0.34.0 (``compat``: the one
 place the two releases differ for the plugin and its tools). Each declares
 the upstream objects it touches (``TARGETS``); on any vLLM, before the first
@@ -114,6 +136,17 @@ KIMI_K3_AMD_LINEAR = "vllm.models.kimi_k3.amd.linear"
 ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
 DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
 INT_WNA16_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
+MODEL_UTILS = "vllm.model_executor.models.utils"
+# vLLM's in-place updates, and where each module binds the function a patch
+# wraps by name at import (every binding is wrapped: callers reach either)
+RELOAD = "vllm.model_executor.model_loader.reload"
+RELOAD_PATCHES = "vllm_kimi_k3_moe.model_executor.model_loader.reload"
+UPDATE_START_SITES = tuple(
+    f"{RELOAD}{site}"
+    for site in ("", ".layerwise", ".inplace", ".lifecycle", ".torchao_decorator")
+)
+DIRECT_START_SITES = (f"{RELOAD}.direct", f"{RELOAD}.lifecycle")
+LOAD_PLAN_SITES = (f"{RELOAD}.plan", RELOAD)
 # The patch that chooses each layer's partition: its first layer built proves
 # the fixes on a small layer where some fix goes on code it was not verified
 # on (``fused_moe.proof.small_layer``).
@@ -142,6 +175,10 @@ PATCHES: tuple[tuple[str, str], ...] = (
         INT_WNA16_ORACLE,
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.oracle.int_wna16",
     ),
+    *((site, f"{RELOAD_PATCHES}.layerwise") for site in UPDATE_START_SITES),
+    *((site, f"{RELOAD_PATCHES}.direct") for site in DIRECT_START_SITES),
+    *((site, f"{RELOAD_PATCHES}.plan") for site in LOAD_PLAN_SITES),
+    (MODEL_UTILS, "vllm_kimi_k3_moe.model_executor.models.utils"),
 )
 
 _registered = False

@@ -14,6 +14,7 @@ the plugin logs instead of patching.
 from __future__ import annotations
 
 import inspect
+import sys
 from importlib import metadata
 from importlib.util import find_spec
 from typing import Any
@@ -221,3 +222,20 @@ def moe_padding_fill_params(experts: Any) -> list[str] | None:
     (None)."""
     fill = getattr(experts, "padding_fill_params", None)
     return None if fill is None else fill()
+
+
+def load_plan_trace_name(tensor: Any) -> str | None:
+    """The checkpoint name a data-free tensor of vLLM 0.34's load planning
+    stands for (``reload/trace.py``: ``plan_loads`` runs ``load_weights`` once
+    over ``TraceTensor``s to learn where each name lands); ``None`` for a
+    tensor with data, and on vLLM 0.33, which has no load plans."""
+    trace = _trace_tensor_class()
+    if trace is None or not isinstance(tensor, trace):
+        return None
+    return tensor._name
+
+
+def _trace_tensor_class() -> Any:
+    module = sys.modules.get("vllm.model_executor.model_loader.reload.trace")
+    # only planning imports it; not imported, no tensor of it exists
+    return getattr(module, "TraceTensor", None)

@@ -16,7 +16,7 @@ from typing import Any
 from vllm_kimi_k3_moe import PATCHES
 from vllm_kimi_k3_moe.compat import VERIFIED_VLLM_RELEASES
 from vllm_kimi_k3_moe.verification import targets as upstream
-from vllm_kimi_k3_moe.verification.verdict import signature_digest
+from vllm_kimi_k3_moe.verification.verdict import has_module, signature_digest
 from vllm_kimi_k3_moe.verification.verified_code import VERIFIED_CODE
 
 FILE = Path(__file__).with_name("verified_code.py")
@@ -41,6 +41,12 @@ def code_of(patch: str) -> dict[str, Any]:
     }
 
 
+def _patches_something(patch: str) -> bool:
+    """Whether ``patch`` has code to patch in this vLLM (``ONLY_WHERE``)."""
+    only_where = getattr(importlib.import_module(patch), "ONLY_WHERE", None)
+    return only_where is None or has_module(only_where)
+
+
 def main() -> int:
     from vllm.version import __version__
 
@@ -48,7 +54,9 @@ def main() -> int:
         print(f"vLLM {__version__} is not a verified release", file=sys.stderr)
         return 2
     recorded = dict(VERIFIED_CODE)
-    recorded[__version__] = {patch: code_of(patch) for _, patch in PATCHES}
+    recorded[__version__] = {
+        patch: code_of(patch) for _, patch in PATCHES if _patches_something(patch)
+    }
     ordered = {r: recorded[r] for r in VERIFIED_VLLM_RELEASES if r in recorded}
     body = pprint.pformat(ordered, width=80, sort_dicts=False)
     FILE.write_text(f"{HEADER}VERIFIED_CODE: dict[str, dict[str, Any]] = {body}\n")

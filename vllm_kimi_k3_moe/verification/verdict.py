@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +27,15 @@ IN_VLLM = "in vLLM"  # vLLM's own code does it: not applied
 # replacement in place (``fused_moe.proof.small_layer``)
 REPLACED = "replaced at run time"
 DIFFERS = "differs"  # not applied, and nothing else is
+# the vLLM code the patch is for is not in this vLLM (``ONLY_WHERE``: vLLM
+# 0.33 has no load plans): not applied, nothing to fix there
+ABSENT = "nothing to patch"
 
 
 @dataclass(frozen=True)
 class FixVerdict:
     patch: str  # the plugin's patch module
-    state: str  # VERIFIED, CHECKED, REPLACED, IN_VLLM or DIFFERS
+    state: str  # VERIFIED, CHECKED, REPLACED, IN_VLLM, ABSENT or DIFFERS
     detail: str  # the release whose code it is, or what differed / is in vLLM
     # each target other code replaced at run time, and by what (module.function)
     replaced: tuple[tuple[str, str], ...] = ()
@@ -73,6 +77,11 @@ def judge(patch: str) -> FixVerdict:
     def verdict(state: str, detail: str, replaced: Any = ()) -> FixVerdict:
         return FixVerdict(patch, state, detail, tuple(replaced))
 
+    only_where = getattr(module, "ONLY_WHERE", None)
+    if only_where is not None and not has_module(only_where):
+        short = ".".join(only_where.split(".")[-2:])
+        return verdict(ABSENT, f"this vLLM has no {short}")
+
     try:
         digest = upstream.digest(declared)
         replaced = [(t, r) for t in declared if (r := upstream.replacement(t))]
@@ -107,6 +116,14 @@ def judge(patch: str) -> FixVerdict:
     if done is not None:
         return verdict(IN_VLLM, done)
     return verdict(CHECKED, "other code, checked", replaced)
+
+
+def has_module(name: str) -> bool:
+    """Whether this vLLM has the module ``name`` (not imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package missing
+        return False
 
 
 def judge_all(patches: Sequence[str]) -> list[FixVerdict]:
@@ -178,7 +195,7 @@ def decide(
         )
     apply = tuple(v.patch for v in verdicts if v.applies)
     in_vllm = [v for v in verdicts if v.state == IN_VLLM]
-    if plain and all(v.state == VERIFIED for v in verdicts):
+    if plain and all(v.state in (VERIFIED, ABSENT) for v in verdicts):
         return Decision(apply, False, None)
     line = f"vllm-kimi-k3-moe: verified on this vLLM ({vllm_version}): "
     line += ", ".join(v.name for v in verdicts if v.applies) + " applied"
@@ -209,7 +226,7 @@ def fix_lines(verdicts: Sequence[FixVerdict]) -> list[str]:
     lines = []
     for v in verdicts:
         on = v.patch in decision.apply
-        what = "on " if on else "off"
+        what = "on " if on else "n/a" if v.state == ABSENT else "off"
         lines.append(f"{what} {v.name}: {v.state}, {v.detail}")
         if v.replaced:  # the line then says by what (``doctor``)
             lines[-1] += " (" + "; ".join(short_name(t) for t, _ in v.replaced) + ")"

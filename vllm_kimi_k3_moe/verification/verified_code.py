@@ -27,10 +27,11 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "ddf2b89591c4cf36",
+            "digest": "50a6c545265a185f",
             "signatures": [
                 "412e4ca687f1",
                 "7ea6aa402c6f",
+                "2e38e77b22c3",
                 "1fdb5217538c",
                 "aad038ca182e",
                 "169325be6e20",
@@ -44,6 +45,14 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.oracle.int_wna16": {
             "digest": "3bb3fb614da2e9ae",
             "signatures": ["913399dd8463", "0d8da78193bb"],
+        },
+        "vllm_kimi_k3_moe.model_executor.model_loader.reload.layerwise": {
+            "digest": "995fa04acbf2e8a1",
+            "signatures": ["1fdb5217538c"],
+        },
+        "vllm_kimi_k3_moe.model_executor.models.utils": {
+            "digest": "494034f51aeab17a",
+            "signatures": ["6cf5a025a888"],
         },
     },
     "0.34.0": {
@@ -65,10 +74,11 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "f22bf16740db96df",
+            "digest": "b11e76e6565fd0c1",
             "signatures": [
                 "412e4ca687f1",
                 "7ea6aa402c6f",
+                "2e38e77b22c3",
                 "8b7459f79cb0",
                 "aad038ca182e",
                 "169325be6e20",
@@ -82,6 +92,22 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.oracle.int_wna16": {
             "digest": "9e3896fe14177de4",
             "signatures": ["1ddb4d4760ae", "ff836ff07992"],
+        },
+        "vllm_kimi_k3_moe.model_executor.model_loader.reload.layerwise": {
+            "digest": "7d7da2f2ffeb4237",
+            "signatures": ["8b7459f79cb0"],
+        },
+        "vllm_kimi_k3_moe.model_executor.model_loader.reload.direct": {
+            "digest": "82fb2260238e7869",
+            "signatures": ["44f803f2d859"],
+        },
+        "vllm_kimi_k3_moe.model_executor.model_loader.reload.plan": {
+            "digest": "5ae921a5d8177553",
+            "signatures": ["3144dd6ae313", "0615d245cd49"],
+        },
+        "vllm_kimi_k3_moe.model_executor.models.utils": {
+            "digest": "67dc8fc8205cba4b",
+            "signatures": ["6cf5a025a888"],
         },
     },
 }

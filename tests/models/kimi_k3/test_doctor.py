@@ -149,13 +149,27 @@ def test_doctor_gives_each_fix_its_verdict() -> None:
     installed = importlib.metadata.version("vllm")
     lines = doctor.diagnose(environment(UNSET)).lines
     fixes = [
-        line[13:] for line in lines if line.startswith(("fixes ", " " * 13 + "on"))
+        line[13:]
+        for line in lines
+        if line.startswith(("fixes ", " " * 13 + "on", " " * 13 + "n/a"))
     ]
     # the NVIDIA model's fixes: this box's platform builds it (CUDA's model)
     judged = vllm_kimi_k3_moe.patches_judged_with(
         {vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL}
     )
-    names = [patch.rsplit(".", 1)[-1] for patch in dict.fromkeys(judged)]
-    assert fixes == [
-        f"on  {name}: verified, the code of vLLM {installed}" for name in names
-    ]
+    assert fixes == [_verdict_line(patch, installed) for patch in dict.fromkeys(judged)]
+
+
+# the fixes of code a verified release lacks: vLLM 0.33 has no direct-mode
+# reload and no load plans (reload/direct.py, reload/plan.py came with 0.34)
+NOTHING_TO_PATCH = {"0.33.0": {"direct": "reload.direct", "plan": "reload.plan"}}
+
+
+def _verdict_line(patch: str, installed: str) -> str:
+    """Doctor's line for ``patch`` on a verified release: on, by its code,
+    or not applicable where that release lacks what it is for."""
+    name = patch.rsplit(".", 1)[-1]
+    lacking = NOTHING_TO_PATCH.get(installed, {})
+    if name in lacking:
+        return f"n/a {name}: nothing to patch, this vLLM has no {lacking[name]}"
+    return f"on  {name}: verified, the code of vLLM {installed}"

@@ -15,7 +15,7 @@ layer's contract, and each expert's units (w1 and w3 with all their tensors,
 w2 with all of its: what the kernel keeps together, ``partial_updates``) must
 be in it whole or not at all. A breach refuses the update with nothing
 written: the layers vLLM opened for it get back what they held
-(``refused_update``), and one error lists what is wrong, shard by shard.
+(``unfinished_update``), and one error lists what is wrong, shard by shard.
 
 Not held here: a model still at its cold start (the loaders hold it, and
 nothing serves yet), a model name that is not a local directory (vLLM's
@@ -38,7 +38,7 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partial_updates import (
     Sent,
     delivery,
 )
-from vllm_kimi_k3_moe.model_executor.model_loader.refused_update import (
+from vllm_kimi_k3_moe.model_executor.model_loader.unfinished_update import (
     put_back_open_layers,
     what_the_engine_holds,
 )
@@ -94,7 +94,7 @@ def hold_update_to_headers(model_config: Any, model: nn.Module) -> None:
         shown = problems[:MOST_SHOWN]
         if len(problems) > MOST_SHOWN:
             shown.append(f"and {len(problems) - MOST_SHOWN} more")
-        put_back = put_back_open_layers()
+        put_back = put_back_open_layers(model)
         raise ValueError(
             f"Kimi-K3 weight update from {directory} refused before any tensor "
             f"was written, by its shard headers: {'; '.join(shown)}. "

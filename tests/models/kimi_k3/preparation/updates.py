@@ -210,6 +210,57 @@ def differences(found: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) 
 
 # --- vLLM's update paths, each as a running server takes it ------------------
 
+# What one update sends: every (name, tensor) at once (a dict), or buckets in
+# turn (a list), each a dict or an iterable that may raise partway (a source
+# dying midway); ``RECEIVE_FAILS`` in the list is an engine's receive failing
+# between two buckets, outside vLLM's loading (nothing calls finish then).
+Update = Weights | list[Any]
+
+
+class SourceDied(RuntimeError):
+    """The weights' source failed mid-update (a trainer dying mid-broadcast,
+    a shard cut short, a receive timing out): not the plugin's, not vLLM's."""
+
+
+RECEIVE_FAILS = object()
+
+
+@dataclass
+class DiesMidway:
+    """A bucket whose source raises ``SourceDied`` after sending ``after``
+    of ``weights`` (in order); read from disk, a shard holding all of them
+    whose reading fails there."""
+
+    weights: Weights
+    after: int
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for count, pair in enumerate(self.weights.items()):
+            if count == self.after:
+                raise SourceDied(f"the weights' source died after {count} tensors")
+            yield pair
+
+
+def buckets_of(update: Update) -> list[Any]:
+    """``update`` as the buckets an engine receives one by one."""
+    return list(update) if isinstance(update, list) else [update]
+
+
+def _pairs(bucket: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    if bucket is RECEIVE_FAILS:
+        raise SourceDied("the engine's receive failed between two buckets")
+    return iter(bucket.items()) if isinstance(bucket, dict) else iter(bucket)
+
+
+def _one_stream(update: Update) -> Iterator[tuple[str, torch.Tensor]]:
+    for bucket in buckets_of(update):
+        yield from _pairs(bucket)
+
+
+def whole(update: Update) -> Weights:
+    """Every tensor ``update`` sends (a source that raises raises here)."""
+    return dict(_one_stream(update))
+
 
 @contextlib.contextmanager
 def update_state() -> Iterator[dict]:
@@ -220,10 +271,11 @@ def update_state() -> Iterator[dict]:
         yield {"directory": directory}
 
 
-def reload_weights(served: ServedRank, weights: Weights, state: dict) -> None:
+def reload_weights(served: ServedRank, update: Update, state: dict) -> None:
     """The public entry (``collective_rpc("reload_weights")``, both
     releases): ``reload.inplace.reload_weights`` with an iterator of
-    checkpoint-format tensors, vLLM's layerwise reload."""
+    checkpoint-format tensors (buckets in turn, in one iterator), vLLM's
+    layerwise reload."""
     from vllm.model_executor.model_loader.reload.inplace import (
         reload_weights as vllm_reload_weights,
     )
@@ -232,30 +284,48 @@ def reload_weights(served: ServedRank, weights: Weights, state: dict) -> None:
         vllm_reload_weights(
             served.vllm_config,
             served.model,
-            iter(weights.items()),
+            _one_stream(update),
             weights_path=None,
             is_checkpoint_format=True,
         )
 
 
-def start_and_finish(served: ServedRank, weights: Weights, state: dict) -> None:
-    """vLLM 0.34's weight-transfer engines (IPC, M2N): ``start_reload``,
-    ``load_weights``, ``finish_reload``, in the mode ``VLLM_RELOAD_MODE``
-    selects."""
-    from vllm.model_executor.model_loader.reload import finish_reload, start_reload
+def start_and_finish(served: ServedRank, update: Update, state: dict) -> None:
+    """The weight-transfer engines (IPC, NCCL without a plan, M2N's
+    fallbacks, on both releases): a start, ``load_weights`` once per bucket,
+    a finish. vLLM 0.34's ``start_reload``/``finish_reload``, in the mode
+    ``VLLM_RELOAD_MODE`` selects; vLLM 0.33's engines call the layerwise
+    reload's ``initialize``/``finalize`` themselves."""
+    from vllm.model_executor.model_loader import reload
 
+    model_config = served.vllm_config.model_config
     with _kernel_on_cpu(served):
-        start_reload(served.model)
-        served.model.load_weights(iter(weights.items()))
-        finish_reload(served.model, served.vllm_config.model_config, CPU)
+        if has_lifecycle():
+            reload.start_reload(served.model)
+        else:
+            reload.initialize_layerwise_reload(served.model)
+        for bucket in buckets_of(update):
+            served.model.load_weights(_pairs(bucket))
+        if has_lifecycle():
+            reload.finish_reload(served.model, model_config, CPU)
+        else:
+            reload.finalize_layerwise_reload(served.model, model_config)
 
 
-def load_plan(served: ServedRank, weights: Weights, state: dict) -> None:
-    """vLLM 0.34's NCCL weight-transfer engine in direct mode: its first
-    update traces ``load_weights`` into a load plan (``plan_loads``), every
-    update copies through the plan (``load_planned``: straight into the
+def load_plan(served: ServedRank, update: Update, state: dict) -> None:
+    """vLLM 0.34's NCCL weight-transfer engine in direct mode, as its
+    ``start_weight_update``, ``receive_weights`` (per bucket: the names
+    checked against the metadata sent at init, ``_check_manifest``; then
+    ``load_planned``) and ``finish_weight_update`` do: its first update
+    traces ``load_weights`` into a load plan (``plan_loads``) over the
+    metadata (every tensor of that first update, as a trainer declares its
+    checkpoint), every update copies through the plan (straight into the
     storage, no ``weight_loader`` for a direct name)."""
     from vllm.distributed.weight_transfer.base import ParamMeta
+    from vllm.distributed.weight_transfer.nccl_engine import (
+        _check_manifest,
+        _manifest,
+    )
     from vllm.model_executor.model_loader.reload import (
         finish_reload,
         load_planned,
@@ -266,25 +336,29 @@ def load_plan(served: ServedRank, weights: Weights, state: dict) -> None:
     with _kernel_on_cpu(served):
         start_reload(served.model)
         if "plan" not in state:
-            metas = [
+            metadata = state.get("metadata") or [
                 ParamMeta(name=name, dtype=tensor.dtype, shape=tuple(tensor.shape))
-                for name, tensor in weights.items()
+                for name, tensor in served.layer.tensors.items()
             ]
-            state["plan"] = plan_loads(served.model, metas)
-        load_planned(served.model, state["plan"], iter(weights.items()))
+            state["manifest"] = _manifest(metadata)
+            state["plan"] = plan_loads(served.model, metadata)
+        for bucket in buckets_of(update):
+            tensors = list(_pairs(bucket))
+            _check_manifest(
+                state["manifest"], ((n, t.dtype, t.shape) for n, t in tensors)
+            )
+            load_planned(served.model, state["plan"], tensors)
         finish_reload(served.model, served.vllm_config.model_config, CPU)
 
 
-def eplb_recovery(served: ServedRank, weights: Weights, state: dict) -> None:
+def eplb_recovery(served: ServedRank, update: Update, state: dict) -> None:
     """vLLM 0.34's recovery from a dead expert-parallel peer
     (``v1/worker/sentinel/eplb_redistribute.reload_experts_from_disk``): the
     layer's experts reloaded from the checkpoint on disk, placement kept,
     through ``initialize_layerwise_reload(layer, defer_processing=True)``."""
     from vllm.v1.worker.sentinel.eplb_redistribute import reload_experts_from_disk
 
-    directory = Path(state["directory"]) / f"v{len(state.setdefault('written', []))}"
-    _write_checkpoint(served.layer.model_dir, directory, weights)
-    state["written"].append(directory)
+    directory = _checkpoint_of(served, update, state)
     from vllm.models.kimi_k3.nvidia.model import KimiK3ForConditionalGeneration
 
     # what KimiK3ForConditionalGeneration holds: its checkpoint name mapper,
@@ -296,6 +370,7 @@ def eplb_recovery(served: ServedRank, weights: Weights, state: dict) -> None:
     config = served.vllm_config.model_config
     with (
         _kernel_on_cpu(served),
+        _disk_read_failing(state),
         replaced_attributes(config, model=str(directory), model_weights=""),
     ):
         reload_experts_from_disk(
@@ -306,7 +381,7 @@ def eplb_recovery(served: ServedRank, weights: Weights, state: dict) -> None:
         )
 
 
-def reload_from_disk(served: ServedRank, weights: Weights, state: dict) -> None:
+def reload_from_disk(served: ServedRank, update: Update, state: dict) -> None:
     """The public entry with a directory the trainer saved
     (``collective_rpc("reload_weights", kwargs={"weights_path": ...})``):
     vLLM reads it with its default loader, through the plugin's patch."""
@@ -314,10 +389,8 @@ def reload_from_disk(served: ServedRank, weights: Weights, state: dict) -> None:
         reload_weights as vllm_reload_weights,
     )
 
-    directory = Path(state["directory"]) / f"v{len(state.setdefault('written', []))}"
-    _write_checkpoint(served.layer.model_dir, directory, weights)
-    state["written"].append(directory)
-    with _kernel_on_cpu(served):
+    directory = _checkpoint_of(served, update, state)
+    with _kernel_on_cpu(served), _disk_read_failing(state):
         vllm_reload_weights(
             served.vllm_config,
             served.model,
@@ -325,6 +398,47 @@ def reload_from_disk(served: ServedRank, weights: Weights, state: dict) -> None:
             weights_path=str(directory),
             is_checkpoint_format=True,
         )
+
+
+def _checkpoint_of(served: ServedRank, update: Update, state: dict) -> Path:
+    """A new checkpoint directory holding every tensor ``update`` sends; a
+    source that dies midway (``DiesMidway``) a shard whose reading fails
+    after as many tensors as it sent (``_disk_read_failing``)."""
+    directory = Path(state["directory"]) / f"v{len(state.setdefault('written', []))}"
+    state.pop("fails_after", None)
+    sent: Weights = {}
+    for bucket in buckets_of(update):
+        if isinstance(bucket, DiesMidway):
+            state["fails_after"] = len(sent) + bucket.after
+            sent.update(bucket.weights)
+        else:
+            sent.update(_pairs(bucket))
+    _write_checkpoint(served.layer.model_dir, directory, sent)
+    state["written"].append(directory)
+    return directory
+
+
+@contextlib.contextmanager
+def _disk_read_failing(state: dict) -> Iterator[None]:
+    """vLLM's shard reader (``default_loader``'s ``safetensors_weights_iterator``)
+    raising after ``state["fails_after"]`` tensors, as a shard cut short on a
+    network filesystem does; as it is where nothing fails."""
+    after = state.get("fails_after")
+    if after is None:
+        yield
+        return
+    from vllm.model_executor.model_loader import default_loader
+
+    own = default_loader.safetensors_weights_iterator
+
+    def reading(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        for count, item in enumerate(own(*args, **kwargs)):
+            if count == after:
+                raise SourceDied("a shard was cut short mid-read")
+            yield item
+
+    with replaced_attributes(default_loader, safetensors_weights_iterator=reading):
+        yield
 
 
 def _write_checkpoint(model_dir: Path, directory: Path, weights: Weights) -> None:

@@ -26,7 +26,7 @@ expert (gate and up, fused), ``w2_*`` from every ``w2`` tensor (down). So:
 - an expert sent part of a group (``w1`` without ``w3``, a weight without
   its scale) cannot be prepared right: the update is refused before anything
   of the layer is written, naming what is missing (and every layer the
-  update left open gets back what it held: ``refused_update``);
+  update left open gets back what it held: ``unfinished_update``);
 - a tensor of a group without the expert axis (a layer-wide value some
   method derives) cannot be kept per expert: an update that sends part of
   that group is refused the same way.
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from vllm_kimi_k3_moe.model_executor.model_loader.refused_update import (
+from vllm_kimi_k3_moe.model_executor.model_loader.unfinished_update import (
     put_back_open_layers,
     spans,
     what_the_engine_holds,
@@ -117,10 +117,11 @@ def _describe_partial(partial: list[tuple[int, str, list[str]]], most: int = 8) 
     return "; ".join(shown)
 
 
-def refuse(layer_name: str, why: str) -> None:
+def refuse(model: nn.Module | None, layer_name: str, why: str) -> None:
     """Raise the refusal of an update to ``layer_name``, every layer it left
-    open given back what it held first."""
-    put_back = put_back_open_layers()
+    open in ``model`` (the module the update started on) given back what it
+    held first."""
+    put_back = put_back_open_layers(model)
     raise ValueError(
         f"Kimi-K3 weight update refused: layer {layer_name} {why}. "
         + what_the_engine_holds(put_back, "Send the update again with each unit whole")
@@ -136,28 +137,37 @@ def expert_tensors_of(layer: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def check_before_preparing(
-    layer_name: str, sent: Sent, found: Delivery, in_direct_mode: bool
+    model: nn.Module | None,
+    layer_name: str,
+    sent: Sent,
+    found: Delivery,
+    in_direct_mode: bool,
+    sent_how: str = "was sent",
 ) -> None:
     """Refuse, before the layer is prepared, an update its kernel cannot
-    take as sent (see the module docstring)."""
+    take as sent (see the module docstring). ``sent_how``: how the update
+    gives the layer what ``sent`` holds (a load plan declares it)."""
     if found.partial:
         refuse(
+            model,
             layer_name,
-            "was sent part of what its kernel keeps together (w1 and w3 with "
+            f"{sent_how} part of what its kernel keeps together (w1 and w3 with "
             "each of their tensors; w2 with each of its tensors): "
             + _describe_partial(found.partial),
         )
     if in_direct_mode and sent.by_expert and any(found.none.values()):
         unsent = sorted({e for experts in found.none.values() for e in experts})
         refuse(
+            model,
             layer_name,
-            f"was not sent whole (nothing of experts {spans(unsent)} for "
-            f"{', '.join(g for g, e in found.none.items() if e)}), and vLLM's "
+            f"{sent_how} part of its experts (nothing of experts {spans(unsent)} "
+            f"for {', '.join(g for g, e in found.none.items() if e)}), and vLLM's "
             "direct reload keeps nothing of what was not sent",
         )
 
 
 def keep_unsent(
+    model: nn.Module | None,
     layer: nn.Module,
     layer_name: str,
     previous: dict[str, torch.Tensor],
@@ -176,6 +186,7 @@ def keep_unsent(
             old = previous.get(name)
             if old is None or old.shape != prepared.shape:
                 refuse(
+                    model,
                     layer_name,
                     f"was sent part of its experts, and its kernel's {name} "
                     "was not there before to keep the rest from",
@@ -185,6 +196,7 @@ def keep_unsent(
                 continue
             if prepared.dim() == 0 or prepared.shape[0] != len(local_index):
                 refuse(
+                    model,
                     layer_name,
                     f"was sent some experts' {group} tensors only, and its "
                     f"kernel's {name} {tuple(prepared.shape)} holds no entry "

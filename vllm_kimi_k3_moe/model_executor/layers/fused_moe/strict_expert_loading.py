@@ -50,7 +50,7 @@ How
     checkpoint, or write through a load plan without calling a loader: each
     tensor an update hands a loader is still held to its contract. A breach
     in an update first gives every layer the update left open the kernel
-    tensors it held (``model_loader.refused_update``), so the refusal
+    tensors it held (``model_loader.unfinished_update``), so the refusal
     leaves the engine serving, and its message names the tensor as the
     caller sent it and says what the engine holds now. What an update hands
     the loaders is recorded, and the layer's preparation after it keeps
@@ -70,6 +70,7 @@ Verified against
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import sys
@@ -83,6 +84,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_kimi_k3_moe.compat import load_plan_trace_name
 from vllm_kimi_k3_moe.formats import KimiK3Format, format_of_method
 from vllm_kimi_k3_moe.formats.bf16 import BF16
 from vllm_kimi_k3_moe.formats.layouts import (
@@ -105,7 +107,7 @@ from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partial_updates import (
 from vllm_kimi_k3_moe.model_executor.model_loader.default_loader import (
     checkpoint_key_of,
 )
-from vllm_kimi_k3_moe.model_executor.model_loader.refused_update import (
+from vllm_kimi_k3_moe.model_executor.model_loader.unfinished_update import (
     direct_mode,
     name_as_sent,
     put_back_open_layers,
@@ -124,7 +126,8 @@ from vllm_kimi_k3_moe.patching import (
 TARGETS = (
     "vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts.weight_loader",
     "vllm.model_executor.model_loader.reload.meta:get_numel_loaded",
-    # what a refused update gives back (``refused_update``): the layers an
+    "vllm.model_executor.model_loader.reload.meta:CopyCounter",
+    # what a refused update gives back (``unfinished_update``): the layers an
     # update opened, their set-aside kernel tensors and vLLM's own way back
     "vllm.model_executor.model_loader.reload.layerwise:initialize_layerwise_reload",
     "vllm.model_executor.model_loader.reload.layerwise:_place_kernel_tensors",
@@ -208,8 +211,13 @@ class StrictExpertLoading:
         # (projection, suffix) of every checkpoint tensor an expert has here
         self.expert_tensors: list[tuple[str, str]] = []
         self.written: set[ExpertSlice] = set()
-        # what the in-place update under way handed the loaders on memory
+        # what the in-place update under way handed the loaders on memory,
+        # or wrote through a load plan (``model_loader.reload.plan``)
         self.sent = Sent()
+        # checkpoint name -> its slice here, as a load plan's trace met them
+        self.planned: dict[str, ExpertSlice] = {}
+        # the module the update under way started on (``start_update``)
+        self._update_model: Callable[[], nn.Module | None] = lambda: None
         # Until the layer is first prepared for its kernel (vLLM's cold
         # start), every expert tensor must arrive once; after it, loads are
         # in-place updates (``check_complete``).
@@ -254,6 +262,20 @@ class StrictExpertLoading:
             self.load.started = True
             self.learn_checkpoint_prefix(expert_slice, loaded_weight)
             self.check_contract(expert_slice, loaded_weight, weight_name)
+            traced = load_plan_trace_name(loaded_weight)
+            if traced is not None:
+                # vLLM 0.34 planning a load plan: no data, nothing written;
+                # where the name lands is what the plan writes later
+                if self.is_local(expert_id):
+                    self.planned[traced] = expert_slice
+                return own(
+                    param,
+                    loaded_weight,
+                    weight_name,
+                    shard_id=shard_id,
+                    expert_id=expert_id,
+                    return_success=return_success,
+                )
             # The ledger is the cold start's. On ``meta`` vLLM's layerwise
             # loader only counts what a call would write (it replays the call
             # on the materialised tensor); an update may deliver any part of
@@ -266,7 +288,8 @@ class StrictExpertLoading:
                     f" (expert {expert_id}, into {weight_name}) is loaded a second"
                     " time; the checkpoint must hold each expert tensor once."
                 )
-            result = own(
+            call = functools.partial(
+                own,
                 param,
                 loaded_weight,
                 weight_name,
@@ -274,6 +297,9 @@ class StrictExpertLoading:
                 expert_id=expert_id,
                 return_success=return_success,
             )
+            if param.is_meta and not self.cold_start and self.is_local(expert_id):
+                return counted_even_if_empty(call)
+            result = call()
             if local:
                 self.written.add(expert_slice)
             elif not (self.cold_start or param.is_meta) and self.is_local(expert_id):
@@ -300,7 +326,7 @@ class StrictExpertLoading:
         breaks its contract (the dtype as safetensors names it: what the
         shard header says, and what ``check`` compares). In an in-place
         update, the layers the update left open are first given back what
-        they held (``refused_update``), and the message says so."""
+        they held (``unfinished_update``), and the message says so."""
         contract = self.contracts[(expert_slice.projection, expert_slice.suffix)]
         dtype = safetensors_dtype(str(loaded_weight.dtype))
         breaches = contract.breaches(tuple(loaded_weight.shape), dtype)
@@ -313,7 +339,7 @@ class StrictExpertLoading:
                 f"(expert {expert_slice.expert_id}, loaded into {weight_name}) "
                 f"{what}; nothing was written."
             )
-        put_back = put_back_open_layers()
+        put_back = put_back_open_layers(self.update_model())
         raise ValueError(
             f"Kimi-K3 weight update refused: tensor "
             f"{self.sent_name(expert_slice)} (expert {expert_slice.expert_id}, "
@@ -357,6 +383,21 @@ class StrictExpertLoading:
     def missing(self) -> list[ExpertSlice]:
         return sorted(self.expected_slices() - self.written)
 
+    def start_update(self, model: nn.Module) -> None:
+        """An in-place update starts on ``model`` (the module vLLM's reload
+        was started on, this layer among its modules): nothing sent yet."""
+        self.forget_update()
+        self._update_model = weakref.ref(model)
+
+    def forget_update(self) -> None:
+        """What an update that did not finish sent is forgotten."""
+        self.sent = Sent()
+
+    def update_model(self) -> nn.Module | None:
+        """The module the update under way started on (where a refusal
+        puts back what the update left open), if known."""
+        return self._update_model()
+
     def prepare_update(
         self, layer: nn.Module, process_weights: Callable[[nn.Module], None]
     ) -> None:
@@ -371,10 +412,11 @@ class StrictExpertLoading:
         local = self.local_experts()
         found = delivery(sent, local, self.expert_tensors)
         name = self.sent_prefix.rstrip(".")
-        check_before_preparing(name, sent, found, in_direct_mode)
+        model = self.update_model()
+        check_before_preparing(model, name, sent, found, in_direct_mode)
         process_weights(layer)
         if previous is not None:
-            keep_unsent(layer, name, previous, found, local)
+            keep_unsent(model, layer, name, previous, found, local)
 
     def end_cold_start(self) -> None:
         """The cold start is over (the layer is about to be prepared for its
@@ -395,6 +437,26 @@ class StrictExpertLoading:
                 f"{len(missing)} routed-expert checkpoint tensors were never "
                 f"loaded: {_describe(missing)}. The checkpoint is incomplete."
             )
+
+
+def counted_even_if_empty(call: Callable[[], Any]) -> Any:
+    """``call()``, a loader's call on ``meta`` in vLLM's layerwise reload,
+    which counts the elements each call copies (``reload.meta.
+    get_numel_loaded``) and keeps a layer whose calls copied none as it was,
+    unprepared. A GPU the partition gives none of a tensor's rows (whole
+    scale groups leave the last GPUs none) receives its whole share of an
+    update as nothing: one element copied on ``meta`` counts it as received,
+    so the layer is prepared at the update's finish as a fresh load prepares
+    it (its pads zero). Left as it was, its kernel tensors would keep what
+    a level-2 sleep or the weight checker's reset put there."""
+    from vllm.model_executor.model_loader.reload.meta import CopyCounter
+
+    with CopyCounter() as counter:
+        result = call()
+    if counter.copied_numel == 0:
+        token = torch.empty(1, device="meta")
+        token.copy_(token)
+    return result
 
 
 def _describe(missing: list[ExpertSlice], max_experts: int = 16) -> str:

@@ -1,36 +1,45 @@
-"""A weight update the plugin refuses leaves the model serving what it held.
+"""A weight update that does not finish leaves the model serving what it held.
 
-Used by strict expert loading (``vllm_kimi_k3_moe.model_executor.layers.
-fused_moe.strict_expert_loading``) when it refuses a tensor of an in-place
-update; patches nothing.
+Used by strict expert loading when it refuses a tensor of an in-place update
+(``vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading``),
+by the check of an update's shard headers (``update_headers``), and by the
+patches on vLLM's update lifecycle (``vllm_kimi_k3_moe.model_executor.
+model_loader.reload``, ``vllm_kimi_k3_moe.model_executor.models.utils``):
+when an update fails for any reason, and when the next one starts after one
+that never finished. Patches nothing.
 
-vLLM's layerwise reload (both releases' ``reload_weights``, 0.34's
-``start_reload``/``finish_reload`` in its default mode, EPLB's recovery from
-disk) opens every layer it updates: the tensors the kernels read
-(``LayerReloadingInfo.kernel_tensors``) are set aside, untouched, and the
-layer gets checkpoint-format parameters on the ``meta`` device, whose loaders
-buffer what arrives until the layer is whole; only then is it materialised,
-prepared for its kernel and copied into the set-aside tensors. An exception
-out of a loader ends ``load_weights`` with no ``finally``: every layer still
-open stays on ``meta`` (the model cannot run), and the next update skips
-them in ``initialize_layerwise_reload`` (``info.can_load()``), replaying the
-refused update's buffered calls with its own (``reload/inplace.py``,
+vLLM's layerwise reload (both releases' ``reload_weights`` and weight-transfer
+engines, 0.34's ``start_reload``/``finish_reload`` in its default mode,
+EPLB's recovery from disk) opens every layer it updates: the tensors the
+kernels read (``LayerReloadingInfo.kernel_tensors``) are set aside, untouched,
+and the layer gets checkpoint-format parameters on the ``meta`` device, whose
+loaders buffer what arrives until the layer is whole; only then is it
+materialised, prepared for its kernel and copied into the set-aside tensors.
+An exception out of a loader or out of the weights' source ends
+``load_weights`` with no ``finally``: every layer still open stays on
+``meta`` (the model cannot run), and the next update skips them in
+``initialize_layerwise_reload`` (``info.can_load()``), replaying the failed
+update's buffered calls with its own (``reload/inplace.py``,
 ``reload/layerwise.py``).
 
-So before the refusal is raised, every open layer that an update opened
-(one with kernel tensors set aside; a cold start's online layer has none) is
-given its kernel tensors back, the very objects, by vLLM's own
+So every open layer that an update opened (one with kernel tensors set
+aside; a cold start's online layer has none) within the model is given its
+kernel tensors back, the very objects, by vLLM's own
 ``_place_kernel_tensors``, and its reload state is reset: it holds exactly
 what it held before, in the same storage (CUDA graphs captured after the
 first load keep reading it), and the next update opens it afresh. Layers
 the update already finished hold the update. This is vLLM's own fallback
 for a layer an update sent nothing (``finalize_layerwise_processing``),
-taken for every layer the refused update left open.
+taken for every layer the failed update left open. The Kimi-K3 layers among
+them forget what the failed update sent them (``StrictExpertLoading.
+forget_update``). Only the model the update was for is touched: another
+model in the same process (another engine's, a draft updated on its own)
+keeps its update open.
 
 vLLM's direct mode (``VLLM_RELOAD_MODE=direct``, 0.34) has no rollback by
 design (``reload/direct.py``): ``begin`` views the kernel tensors back to
 their checkpoint layout, so the previous weights are gone once it returns.
-There the refusal says that the model must not serve until a whole update
+There a refusal says that the model must not serve until a whole update
 lands; the next one repairs it (``begin`` again, ``finish`` prepares it).
 """
 
@@ -39,16 +48,20 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torch import nn
 
 _LAYERWISE = "vllm.model_executor.model_loader.reload.layerwise"
+# What a Kimi-K3 RoutedExperts of the plugin carries (strict expert loading)
+EXPERT_LOADING = "kimi_k3_expert_loading"
 
 
 @dataclass
 class PutBack:
-    """What a refused update left: the layers given back what they held."""
+    """What an update that did not finish left: the layers given back what
+    they held."""
 
     layers: list[nn.Module] = field(default_factory=list)
     direct: bool = False  # in vLLM's direct mode: nothing could be put back
@@ -65,27 +78,47 @@ def direct_mode() -> bool:
     return direct_reload_enabled()
 
 
-def put_back_open_layers() -> PutBack:
-    """Give every layer an update left open its kernel tensors back and
-    close its reload state (see the module docstring)."""
+def kimi_k3_loadings(model: nn.Module) -> list:
+    """The strict-loading ledgers of the Kimi-K3 routed experts in ``model``."""
+    return [
+        loading
+        for module in model.modules()
+        if (loading := getattr(module, EXPERT_LOADING, None)) is not None
+    ]
+
+
+def put_back_open_layers(model: nn.Module | None) -> PutBack:
+    """Give every layer of ``model`` an update left open its kernel tensors
+    back and close its reload state (see the module docstring); ``None``:
+    every open layer of the process (where the model is not known)."""
     if direct_mode():
         return PutBack(direct=True)
     layerwise = importlib.import_module(_LAYERWISE)
+    layers: Iterable[nn.Module] = (
+        list(layerwise.LAYERWISE_INFO.keys()) if model is None else model.modules()
+    )
     put_back = PutBack()
-    for layer, info in list(layerwise.LAYERWISE_INFO.items()):
-        if not info.can_load() or info.kernel_tensors is None:
+    for layer in layers:
+        info = layerwise.LAYERWISE_INFO.get(layer)
+        if info is None or not info.can_load() or info.kernel_tensors is None:
             continue  # closed, or a cold start's (online) layer
         layerwise._place_kernel_tensors(layer, info)
+        holds = any(info.kernel_tensors)  # a layer of tensors, not a container
         info.reset()
-        put_back.layers.append(layer)
-    _update_no_longer_active()
+        if holds:
+            put_back.layers.append(layer)
+        loading = getattr(layer, EXPERT_LOADING, None)
+        if loading is not None:
+            loading.forget_update()
+    if put_back.layers:
+        _update_no_longer_active()
     return put_back
 
 
 def _update_no_longer_active() -> None:
     """vLLM 0.34 marks an update active from ``start_reload`` to
     ``finish_reload`` (``lifecycle.weight_update_active``, read by models
-    that skip completeness checks meanwhile); the refused update's finish
+    that skip completeness checks meanwhile); the failed update's finish
     never comes."""
     try:
         from vllm.model_executor.model_loader.reload import lifecycle
@@ -107,20 +140,27 @@ def what_the_engine_holds(put_back: PutBack, remedy: str) -> str:
         )
     if not put_back.layers:
         return "Nothing was written; every layer holds what it held."
+    return (
+        f"Nothing of it was written. The engine serves on: {layers_held(put_back)} "
+        "this update had not finished hold the weights they held before it, in "
+        f"the same memory; layers it finished before hold the update. {remedy} "
+        "(no restart needed)."
+    )
+
+
+def layers_held(put_back: PutBack) -> str:
+    """The layers ``put_back`` gave back, in words: ``Kimi-K3 MoE layers 1-3
+    and 14 other layers``."""
     numbers = sorted(
         _layer_number(layer.layer_name)
         for layer in put_back.layers
-        if hasattr(layer, "kimi_k3_expert_loading")
+        if hasattr(layer, EXPERT_LOADING)
     )
     others = len(put_back.layers) - len(numbers)
+    if not numbers:
+        return f"{others} layers"
     moe = f"Kimi-K3 MoE layer{'s' if len(numbers) != 1 else ''} {spans(numbers)}"
-    held = f"{moe} and {others} other layers" if others else moe
-    return (
-        f"Nothing of it was written. The engine serves on: {held} this update "
-        "had not finished hold the weights they held before it, in the same "
-        f"memory; layers it finished before hold the update. {remedy} (no "
-        "restart needed)."
-    )
+    return f"{moe} and {others} other layers" if others else moe
 
 
 def _layer_number(layer_name: str) -> int:
