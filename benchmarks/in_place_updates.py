@@ -1,16 +1,18 @@
-"""In-place weight updates, vLLM alone against the plugin: for each update
-path the installed vLLM has (``tests/models/kimi_k3/preparation/updates.PATHS``),
-format and layout, GPUs built, cold-loaded and updated twice on the CPU as
-the tests do it (kernels' preparation stood in, unwritten memory random),
-with vLLM alone and with the plugin. Per cell: ``finishes`` (no error),
-``= fresh`` (byte for byte what a fresh load of the same weights holds
-after its kernel prepared it), ``memory-free`` (the same bytes whatever the
-unwritten memory held: no pad read from it). Prints a Markdown table, and
-nothing of vLLM's logs (docs/rl-and-eplb.md explains the table).
+"""In-place weight updates, vLLM alone against the plugin: every update path
+the installed vLLM has x every format the suite builds x TP8, TP16, TP32,
+TP16 x DP2, TP8 with EP x what can happen to an update (whole, in buckets,
+after a level-2 sleep, after the weight checker's reset, some experts, w1
+and w3 only, a malformed tensor, the source dying midway, a receive failing
+with nothing after). Each GPU is built, served weights A and updated on the
+CPU as the tests do it (``tests/models/kimi_k3/preparation/update_matrix``:
+vLLM's own classes and update code, kernels' compiled preparation stood in,
+memory nobody wrote random), with vLLM alone and with the plugin, and judged
+byte for byte against fresh loads. Prints one table per path and a legend;
+docs/rl-and-eplb.md explains them.
 
-    python -m benchmarks.in_place_updates               # GPUs 0, n/2-1, n/2, n-1
-    python -m benchmarks.in_place_updates --every-gpu   # all of them (slow)
-    python -m benchmarks.in_place_updates --path reload_weights --format mxfp4
+    python -m benchmarks.in_place_updates                 # GPUs 0, n/2-1, n/2, n-1
+    python -m benchmarks.in_place_updates --gpus first-last   # quicker
+    python -m benchmarks.in_place_updates --path load_plan --format fp8-block
 """
 
 from __future__ import annotations
@@ -18,95 +20,122 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import multiprocessing
 import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
-from tests.models.kimi_k3.preparation.harness import PreparationCase
-from tests.models.kimi_k3.preparation.test_in_place_updates import (
+from tests.models.kimi_k3.preparation.update_matrix import (
+    CODES,
     FORMATS,
-    LAYOUTS,
-    UPDATES,
-    _paths_of_this_vllm,
-    ranks_to_update,
+    SCENARIOS,
+    cell,
+    layouts_of,
+    paths_of_this_vllm,
+    ranks_of,
 )
-from tests.models.kimi_k3.preparation.updates import (
-    PATHS,
-    differences,
-    reload_mode_of,
-    served_rank,
-    snapshot,
-    update_state,
-    weights_of,
-)
+from tests.models.kimi_k3.preparation.updates import reload_mode_of
+from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
 from vllm_kimi_k3_moe.tools.selftest.harness import vllm_alone
 
+# The codes as the tables print them (``CODES`` says what each means)
+SHORT = {
+    "ok": "ok",
+    "took it": "took",
+    "raises": "rais",
+    "meta": "meta",
+    "holds A": "A",
+    "!= fresh": "!=",
+    "moved": "mvd",
+    "then ✗": "then",
+    "n/a": "-",
+}
 
-def _updated(kimi_model, case: PreparationCase, path: str, seed: int) -> list:
-    """Snapshots after each update (cold start and updates with ``seed``)."""
-    found = []
-    with update_state() as state, served_rank(kimi_model, case, 0, seed=seed) as served:
-        for version in UPDATES:
-            PATHS[path](served, weights_of(served.layer, version), state)
-            found.append(snapshot(served.experts))
-    return found
+_kimi_model: Any = None
 
 
-def cell(kimi_model, cases: list[PreparationCase], path: str) -> str:
-    """The verdict over ``cases`` (GPUs of one layout)."""
-    fresh_wrong = memory_wrong = 0
-    for case in cases:
-        try:
-            first = _updated(kimi_model, case, path, seed=1)
-            second = _updated(kimi_model, case, path, seed=2)
-        except Exception as error:  # vLLM's or the plugin's refusal, reported
-            return f"fails on GPU {case.rank}: {type(error).__name__}"
-        for index, version in enumerate(UPDATES):
-            with served_rank(kimi_model, case, version, seed=100 + version) as fresh:
-                expected = snapshot(fresh.experts)
-            fresh_wrong += bool(differences(first[index], expected))
-            memory_wrong += bool(differences(first[index], second[index]))
-    fresh = "= fresh" if not fresh_wrong else "!= fresh"
-    memory = "memory-free" if not memory_wrong else "reads unwritten memory"
-    return f"finishes, {fresh}, {memory}"
+def _import_vllm() -> None:
+    """Each worker process: vLLM's Kimi-K3 model, the plugin registered."""
+    global _kimi_model
+    import vllm_kimi_k3_moe
+
+    with quiet_vllm():
+        vllm_kimi_k3_moe.register()
+        _kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
+
+
+def _short(verdict: str) -> str:
+    return SHORT[verdict.split(" (")[0]]
+
+
+def row(path: str, fmt_label: str, layout: Topology, gpus: str) -> list[str]:
+    """One row's cells, ``alone|plugin`` per scenario."""
+    os.environ["VLLM_RELOAD_MODE"] = reload_mode_of(path)
+    fmt = next(f for f in FORMATS if f.label == fmt_label)
+    everyone = layout.tp_size * layout.dp_size
+    ranks = {
+        "first-last": sorted({0, everyone - 1}),
+        "every": list(range(everyone)),
+    }.get(gpus, ranks_of(layout))
+    cells = []
+    for scenario in SCENARIOS:
+        # vLLM's warnings (a layer an update sends nothing for logs "Failed to
+        # load weights", hundreds per row) kept off the table
+        with quiet_vllm(), vllm_alone(_kimi_model):
+            alone = cell(_kimi_model, fmt, layout, path, scenario, ranks)
+        with quiet_vllm():
+            plugin = cell(_kimi_model, fmt, layout, path, scenario, ranks)
+        cells.append(f"{_short(alone)}|{_short(plugin)}")
+    return cells
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--every-gpu", action="store_true")
     parser.add_argument("--path", action="append", help="only these update paths")
-    parser.add_argument("--format", action="append", help="only these configs")
+    parser.add_argument("--format", action="append", help="only these formats")
+    parser.add_argument(
+        "--gpus",
+        choices=("middle", "first-last", "every"),
+        default="middle",
+        help="the GPUs of each layout: 0, n/2-1, n/2, n-1 (default), 0 and "
+        "n-1, or all of them",
+    )
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
+    start = time.monotonic()
 
-    import vllm_kimi_k3_moe
+    from vllm.version import __version__
 
-    with quiet_vllm():  # vLLM's logs to stderr, and kept off the table
-        from vllm.version import __version__
-
-        vllm_kimi_k3_moe.register()
-        kimi_model = importlib.import_module(vllm_kimi_k3_moe.KIMI_K3_NVIDIA_MODEL)
-    print(f"vLLM {__version__}: vLLM alone / plugin, each update path twice")
-    print("| path | format | layout | vLLM alone | plugin |")
-    print("|---|---|---|---|---|")
-    for path in args.path or _paths_of_this_vllm():
-        os.environ["VLLM_RELOAD_MODE"] = reload_mode_of(path)
-        layouts = [t for t in LAYOUTS if path != "eplb_recovery" or t.expert_parallel]
-        for config, backend in FORMATS:
-            if args.format and config not in args.format:
-                continue
-            for layout in layouts:
-                gpus = layout.tp_size * layout.dp_size
-                ranks = range(gpus) if args.every_gpu else ranks_to_update(layout)
-                cases = [PreparationCase(config, backend, layout, r) for r in ranks]
-                # vLLM's warnings (a layer an update sends nothing for logs
-                # "Failed to load weights", hundreds per row) kept off the table
-                with quiet_vllm(), vllm_alone(kimi_model):
-                    alone = cell(kimi_model, cases, path)
-                with quiet_vllm():
-                    plugin = cell(kimi_model, cases, path)
-                print(
-                    f"| {path} | {config} | {layout.label()} | {alone} | {plugin} |",
-                    flush=True,
-                )
+    paths = args.path or paths_of_this_vllm()
+    formats = [f.label for f in FORMATS if not args.format or f.label in args.format]
+    rows = [
+        (path, fmt, layout)
+        for path in paths
+        for fmt in formats
+        for layout in layouts_of(path)
+    ]
+    print(f"vLLM {__version__}: each cell vLLM alone|the plugin, GPUs: {args.gpus}")
+    spawn = multiprocessing.get_context("spawn")  # no fork of torch's threads
+    with ProcessPoolExecutor(args.jobs, spawn, initializer=_import_vllm) as pool:
+        found = pool.map(row, *zip(*rows, strict=True), [args.gpus] * len(rows))
+        shown = None
+        for (path, fmt, layout), cells in zip(rows, found, strict=True):
+            if path != shown:
+                shown = path
+                print(f"\n{path}")
+                header = [f"{'format':<10} {'layout':<9}"]
+                print(" ".join(header + [f"{s.key:<9}" for s in SCENARIOS]))
+            label = f"{fmt:<10} {layout.label():<9}"
+            print(" ".join([label, *(f"{c:<9}" for c in cells)]), flush=True)
+    print("\ncolumns:")
+    for scenario in SCENARIOS:
+        print(f"  {scenario.key:<10} {scenario.legend}")
+    print("cells, vLLM alone|plugin:")
+    for code, short in SHORT.items():
+        print(f"  {short:<10} {CODES[code]}")
+    print(f"took {time.monotonic() - start:.0f} s")
 
 
 if __name__ == "__main__":

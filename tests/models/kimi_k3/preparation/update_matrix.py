@@ -73,6 +73,10 @@ class Format:
     config: str
     backend: str
     online: str | None = None
+    # the paths vLLM refuses it on, alone or not: its direct reload takes no
+    # online quantization (``reload/direct.py``: "online quantization is not
+    # supported"), nor do load plans, which run in it
+    refused_on: tuple[str, ...] = ()
 
     def quantization(self) -> OnlineQuantization | None:
         if self.online is None:
@@ -85,7 +89,13 @@ FORMATS = [
     Format("fp8-block", "fp8-block", "marlin"),
     Format("nvfp4", "nvfp4", "marlin"),
     Format("int4-awq", "awq", "marlin"),  # INT4 in groups of 128
-    Format("bf16->fp8", "bf16", "triton", online="fp8_per_block"),
+    Format(
+        "bf16->fp8",
+        "bf16",
+        "triton",
+        online="fp8_per_block",
+        refused_on=("direct", "load_plan"),
+    ),
 ]
 
 
@@ -114,14 +124,17 @@ def ranks_of(layout: Topology) -> list[int]:
 
 @dataclass(frozen=True)
 class Expected:
-    """What is right after a scenario's update: whether it raises, and
-    what the layer holds then (``B``, ``mix``: B where ``Scenario.keeps``
-    says and A elsewhere, ``A``, ``A or open``: A, or still open on
-    ``meta`` as vLLM leaves a layer mid-update, ``-``: nothing to say,
-    vLLM's direct mode keeps nothing after a refusal)."""
+    """What is right after a scenario's update: whether it raises (``yes``,
+    ``no``, or ``unless B``: a GPU the broken tensor does not reach, its
+    expert another GPU's, may finish holding B), and what the layer may hold
+    then: ``B``; ``mix`` (B where ``Scenario.keeps`` says, A elsewhere);
+    ``A``; ``B`` beside ``A`` where the layer had all of its share before the
+    failure (vLLM finishes a layer as soon as it is whole); ``open``: still
+    on ``meta``, as vLLM leaves a layer mid-update; ``-`` nothing to say
+    (vLLM's direct mode keeps nothing after a refusal)."""
 
-    raises: bool
-    holds: str
+    raises: str
+    holds: tuple[str, ...]
 
 
 def _part(name: str) -> tuple[int, str]:
@@ -192,8 +205,8 @@ class Scenario:
         return self.direct if path in DIRECT_PATHS else self.layerwise
 
 
-B = Expected(False, "B")
-REFUSED = Expected(True, "-")
+B = Expected("no", ("B",))
+REFUSED = Expected("yes", ("-",))
 LOADER_PATHS = ("reload_weights", "start_reload", "direct", "load_plan")
 BUCKET_PATHS = ("start_reload", "direct", "load_plan")
 
@@ -228,7 +241,7 @@ SCENARIOS = [
         "experts",
         "B for experts 1 and 2 only: the rest kept (layerwise), refused (direct)",
         lambda b: [only(b, lambda e, p: e in (1, 2))],
-        Expected(False, "mix"),
+        Expected("no", ("mix",)),
         REFUSED,
         keeps=lambda e, p: e in (1, 2),
         paths=LOADER_PATHS,
@@ -237,31 +250,35 @@ SCENARIOS = [
         "w1 w3",
         "B's w1 and w3 of every expert, no w2: w2 kept (layerwise), refused (direct)",
         lambda b: [only(b, lambda e, p: p != "w2")],
-        Expected(False, "mix"),
+        Expected("no", ("mix",)),
         REFUSED,
         keeps=lambda e, p: p != "w2",
         paths=LOADER_PATHS,
     ),
     Scenario(
         "malformed",
-        "B with one tensor cut short: refused, A held (layerwise)",
+        "B with one tensor cut short: refused, A held (layerwise; B where the "
+        "layer had all of its share first, a GPU not holding that expert "
+        "finishing so)",
         lambda b: [cut_short(b)],
-        Expected(True, "A"),
-        REFUSED,
+        Expected("unless B", ("A", "B")),
+        Expected("unless B", ("-",)),
     ),
     Scenario(
         "dies",
-        "B's source dies midway: A held (layerwise)",
+        "B's source dies midway: A held (layerwise; B where the layer had "
+        "all of its share first)",
         lambda b: [DiesMidway(b, len(b) // 2)],
-        Expected(True, "A"),
+        Expected("yes", ("A", "B")),
         REFUSED,
     ),
     Scenario(
         "no finish",
         "the receive fails between two buckets of B, and nothing calls finish: "
-        "A held, or left open as vLLM leaves a layer mid-update",
+        "A held, or left open as vLLM leaves a layer mid-update, until the "
+        "next update's start",
         lambda b: [in_buckets(b, 2)[0], RECEIVE_FAILS],
-        Expected(True, "A or open"),
+        Expected("yes", ("A", "B", "open")),
         REFUSED,
         paths=BUCKET_PATHS,
     ),
@@ -355,10 +372,12 @@ def verdict(
     assert os.environ.get("VLLM_RELOAD_MODE", "layerwise") == reload_mode_of(path)
     case = case_of(fmt, layout, rank)
     expected = scenario.expected(path)
-    holds = {"B": 1, "mix": (1, scenario.key), "A": 0}.get(expected.holds)
-    wanted = None if holds is None else fresh_load(kimi_model, case, fmt, holds)
-    fresh_b = fresh_load(kimi_model, case, fmt, 1)
-    fresh_a = fresh_load(kimi_model, case, fmt, 0)
+    fresh = {
+        "A": fresh_load(kimi_model, case, fmt, 0),
+        "B": fresh_load(kimi_model, case, fmt, 1),
+    }
+    if "mix" in expected.holds:
+        fresh["mix"] = fresh_load(kimi_model, case, fmt, (1, scenario.key))
     with (
         update_state() as state,
         served_rank(kimi_model, case, 0, fmt.quantization(), seed=1) as served,
@@ -374,12 +393,12 @@ def verdict(
             raised = True
         on_meta = any(t.is_meta for t in served.model.parameters())
         found = None if on_meta else snapshot(served.experts)
-        problem = _judged(expected, raised, on_meta, found, wanted, fresh_a)
+        problem = _judged(expected, raised, found, fresh)
         if problem is None and not on_meta and path not in DIRECT_PATHS:
             problem = "moved" if storage_of(served.experts) != storage else None
         try:
             PATHS[path](served, b, state)
-            landed = not differences(snapshot(served.experts), fresh_b)
+            landed = not differences(snapshot(served.experts), fresh["B"])
         except Exception:
             landed = False
         if problem is None and not landed:
@@ -392,25 +411,29 @@ def verdict(
 def _judged(
     expected: Expected,
     raised: bool,
-    on_meta: bool,
     found: dict[str, torch.Tensor] | None,
-    wanted: dict[str, torch.Tensor] | None,
-    fresh_a: dict[str, torch.Tensor],
+    fresh: dict[str, dict[str, torch.Tensor]],
 ) -> str | None:
-    """What is wrong after the scenario's update (a code), or None."""
-    if raised and not expected.raises:
+    """What is wrong after the scenario's update (a code), or None.
+    ``found``: what the experts hold (None: on ``meta``); ``fresh``: fresh
+    loads of A, B and the mixture."""
+    # what it holds, the expected first where two are the same bytes (a GPU
+    # none of whose experts a partial update sent holds A and the mixture)
+    order = [*(k for k in expected.holds if k in fresh), *fresh]
+    holds = (
+        "open"
+        if found is None
+        else next((k for k in order if not differences(found, fresh[k])), None)
+    )
+    if raised and expected.raises == "no":
         return "raises"
-    if expected.raises and not raised:
+    if not raised and (
+        expected.raises == "yes" or (expected.raises == "unless B" and holds != "B")
+    ):
         return "took it"
-    if expected.holds == "-":
+    if "-" in expected.holds or holds in expected.holds:
         return None
-    if on_meta:
-        return None if expected.holds == "A or open" else "meta"
-    assert found is not None
-    reference = fresh_a if wanted is None else wanted
-    if not differences(found, reference):
-        return None
-    return "holds A" if not differences(found, fresh_a) else "!= fresh"
+    return {"open": "meta", "A": "holds A"}.get(holds or "", "!= fresh")
 
 
 def cell(
@@ -424,7 +447,9 @@ def cell(
     """The verdict over ``ranks`` (default ``ranks_of(layout)``): the first
     wrong one's code, with the GPU, else ``ok``; ``n/a`` where the scenario
     does not happen on ``path``."""
-    if scenario.paths is not None and path not in scenario.paths:
+    if path in fmt.refused_on or (
+        scenario.paths is not None and path not in scenario.paths
+    ):
         return "n/a"
     for rank in ranks if ranks is not None else ranks_of(layout):
         found = verdict(kimi_model, fmt, layout, rank, path, scenario)
