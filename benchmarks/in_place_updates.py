@@ -13,6 +13,10 @@ docs/rl-and-eplb.md explains them.
     python -m benchmarks.in_place_updates                 # GPUs 0, n/2-1, n/2, n-1
     python -m benchmarks.in_place_updates --gpus first-last   # quicker
     python -m benchmarks.in_place_updates --path load_plan --format fp8-block
+    python -m benchmarks.in_place_updates --format mxfp4 --layout TP32 --gpu 31
+
+``--jobs`` worker processes share the rows (default: one per core; with 1,
+this process runs them).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from tests.models.kimi_k3.preparation.update_matrix import (
     ranks_of,
 )
 from tests.models.kimi_k3.preparation.updates import reload_mode_of
+from vllm_kimi_k3_moe.tools.cli.common import no_background_kernel_builds
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.quiet import quiet_vllm
 from vllm_kimi_k3_moe.tools.selftest.harness import vllm_alone
@@ -70,15 +75,19 @@ def _short(verdict: str) -> str:
     return SHORT[verdict.split(" (")[0]]
 
 
-def row(path: str, fmt_label: str, layout: Topology, gpus: str) -> list[str]:
-    """One row's cells, ``alone|plugin`` per scenario."""
+def row(path: str, fmt_label: str, layout: Topology, gpus: Any) -> list[str]:
+    """One row's cells, ``alone|plugin`` per scenario, on the GPUs ``gpus``
+    names (``--gpus``), or those of a list of numbers (``--gpu``)."""
     os.environ["VLLM_RELOAD_MODE"] = reload_mode_of(path)
     fmt = next(f for f in FORMATS if f.label == fmt_label)
     everyone = layout.tp_size * layout.dp_size
-    ranks = {
-        "first-last": sorted({0, everyone - 1}),
-        "every": list(range(everyone)),
-    }.get(gpus, ranks_of(layout))
+    if isinstance(gpus, list):
+        ranks = [gpu for gpu in gpus if gpu < everyone]
+    else:
+        ranks = {
+            "first-last": sorted({0, everyone - 1}),
+            "every": list(range(everyone)),
+        }.get(gpus, ranks_of(layout))
     cells = []
     for scenario in SCENARIOS:
         # vLLM's warnings (a layer an update sends nothing for logs "Failed to
@@ -102,9 +111,12 @@ def main() -> None:
         help="the GPUs of each layout: 0, n/2-1, n/2, n-1 (default), 0 and "
         "n-1, or all of them",
     )
+    parser.add_argument("--layout", action="append", help="only these (TP32, ...)")
+    parser.add_argument("--gpu", type=int, action="append", help="only these GPUs")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     start = time.monotonic()
+    no_background_kernel_builds()  # in the workers too
 
     from vllm.version import __version__
 
@@ -115,11 +127,19 @@ def main() -> None:
         for path in paths
         for fmt in formats
         for layout in layouts_of(path)
+        if not args.layout or layout.label().replace(" ", "") in args.layout
     ]
-    print(f"vLLM {__version__}: each cell vLLM alone|the plugin, GPUs: {args.gpus}")
-    spawn = multiprocessing.get_context("spawn")  # no fork of torch's threads
-    with ProcessPoolExecutor(args.jobs, spawn, initializer=_import_vllm) as pool:
-        found = pool.map(row, *zip(*rows, strict=True), [args.gpus] * len(rows))
+    gpus = args.gpu or args.gpus
+    print(f"vLLM {__version__}: each cell vLLM alone|the plugin, GPUs: {gpus}")
+    with contextlib.ExitStack() as stack:
+        if args.jobs > 1:
+            spawn = multiprocessing.get_context("spawn")  # no fork of torch's threads
+            pool = ProcessPoolExecutor(args.jobs, spawn, initializer=_import_vllm)
+            mapped: Any = stack.enter_context(pool).map
+        else:
+            _import_vllm()
+            mapped = map
+        found = mapped(row, *zip(*rows, strict=True), [gpus] * len(rows))
         shown = None
         for (path, fmt, layout), cells in zip(rows, found, strict=True):
             if path != shown:

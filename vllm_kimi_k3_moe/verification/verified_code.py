@@ -27,11 +27,10 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "50a6c545265a185f",
+            "digest": "ddf2b89591c4cf36",
             "signatures": [
                 "412e4ca687f1",
                 "7ea6aa402c6f",
-                "2e38e77b22c3",
                 "1fdb5217538c",
                 "aad038ca182e",
                 "169325be6e20",
@@ -74,11 +73,10 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             ],
         },
         "vllm_kimi_k3_moe.model_executor.layers.fused_moe.strict_expert_loading": {
-            "digest": "b11e76e6565fd0c1",
+            "digest": "f22bf16740db96df",
             "signatures": [
                 "412e4ca687f1",
                 "7ea6aa402c6f",
-                "2e38e77b22c3",
                 "8b7459f79cb0",
                 "aad038ca182e",
                 "169325be6e20",

@@ -125,8 +125,8 @@ from vllm_kimi_k3_moe.patching import (
 # of its ledger).
 TARGETS = (
     "vllm.model_executor.layers.fused_moe.routed_experts:RoutedExperts.weight_loader",
+    # (and counts through its CopyCounter, which the strict loader uses too)
     "vllm.model_executor.model_loader.reload.meta:get_numel_loaded",
-    "vllm.model_executor.model_loader.reload.meta:CopyCounter",
     # what a refused update gives back (``unfinished_update``): the layers an
     # update opened, their set-aside kernel tensors and vLLM's own way back
     "vllm.model_executor.model_loader.reload.layerwise:initialize_layerwise_reload",
