@@ -110,12 +110,14 @@ def updated_like_fresh(
     return problems
 
 
-@pytest.mark.parametrize("path", _paths_of_this_vllm())
+@pytest.mark.parametrize(
+    "path", [p for p in _paths_of_this_vllm() if p in ("reload_weights", "load_plan")]
+)
 def test_mxfp4_marlin_at_tp32_every_rank(kimi_model, reload_mode, path) -> None:
     """The released checkpoint on Marlin at TP32 (96 rows of 128 held), every
-    one of the 32 GPUs, updated twice."""
-    if path == "eplb_recovery":
-        pytest.skip("EPLB reloads expert-parallel layers: see the EP test")
+    one of the 32 GPUs, updated twice, through the two kinds of reload
+    (layerwise; direct, as a load plan writes it): every path and what can
+    happen to an update, at GPU 31, are ``test_update_matrix``'s."""
     reload_mode(path)
     problems = []
     for rank in range(32):
@@ -180,20 +182,6 @@ def test_bf16_updates_into_an_online_quantized_model(
         for rank in ranks_to_update(layout):
             case = PreparationCase("bf16", backend, layout, rank)
             problems += updated_like_fresh(kimi_model, case, path, online)
-    assert not problems, "\n".join(problems)
-
-
-@pytest.mark.skipif(not has_lifecycle(), reason="EPLB's recovery is vLLM 0.34's")
-def test_eplb_recovery_reloads_experts_from_disk(kimi_model, reload_mode) -> None:
-    """vLLM 0.34's recovery after a dead expert-parallel peer reloads each
-    GPU's experts from the checkpoint on disk, twice, each format, on GPUs of
-    TP8 with expert parallelism."""
-    reload_mode("eplb_recovery")
-    problems = []
-    for config, backend in FORMATS:
-        for rank in ranks_to_update(TP8_EP):
-            case = PreparationCase(config, backend, TP8_EP, rank)
-            problems += updated_like_fresh(kimi_model, case, "eplb_recovery")
     assert not problems, "\n".join(problems)
 
 
