@@ -26,6 +26,7 @@ import contextlib
 import importlib
 import multiprocessing
 import os
+import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -100,6 +101,16 @@ def row(path: str, fmt_label: str, layout: Topology, gpus: Any) -> list[str]:
     return cells
 
 
+def _legend(key: str, text: str) -> None:
+    print(
+        "\n".join(
+            textwrap.wrap(
+                f"{key:<10} {text}", 86, initial_indent="  ", subsequent_indent=" " * 13
+            )
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--path", action="append", help="only these update paths")
@@ -130,7 +141,13 @@ def main() -> None:
         if not args.layout or layout.label().replace(" ", "") in args.layout
     ]
     gpus = args.gpu or args.gpus
-    print(f"vLLM {__version__}: each cell vLLM alone|the plugin, GPUs: {gpus}")
+    named = {
+        "middle": "0, n/2-1, n/2 and n-1 of each layout's n",
+        "first-last": "0 and n-1 of each layout's n",
+        "every": "every GPU of each layout",
+    }
+    on = named.get(gpus) if isinstance(gpus, str) else ", ".join(map(str, gpus))
+    print(f"vLLM {__version__}: each cell vLLM alone|the plugin, on GPUs {on}")
     with contextlib.ExitStack() as stack:
         if args.jobs > 1:
             spawn = multiprocessing.get_context("spawn")  # no fork of torch's threads
@@ -151,10 +168,10 @@ def main() -> None:
             print(" ".join([label, *(f"{c:<9}" for c in cells)]), flush=True)
     print("\ncolumns:")
     for scenario in SCENARIOS:
-        print(f"  {scenario.key:<10} {scenario.legend}")
-    print("cells, vLLM alone|plugin:")
+        _legend(scenario.key, scenario.legend)
+    print("cells, vLLM alone|plugin (the first GPU found wrong decides):")
     for code, short in SHORT.items():
-        print(f"  {short:<10} {CODES[code]}")
+        _legend(short, CODES[code])
     print(f"took {time.monotonic() - start:.0f} s")
 
 

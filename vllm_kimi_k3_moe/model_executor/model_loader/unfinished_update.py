@@ -30,9 +30,9 @@ what it held before, in the same storage (CUDA graphs captured after the
 first load keep reading it), and the next update opens it afresh. Layers
 the update already finished hold the update. This is vLLM's own fallback
 for a layer an update sent nothing (``finalize_layerwise_processing``),
-taken for every layer the failed update left open. The Kimi-K3 layers among
-them forget what the failed update sent them (``StrictExpertLoading.
-forget_update``). Only the model the update was for is touched: another
+taken for every layer the failed update left open (the next update's start
+begins a new record of what is sent: ``StrictExpertLoading.start_update``).
+Only the model the update was for is touched: another
 model in the same process (another engine's, a draft updated on its own)
 keeps its update open.
 
@@ -107,9 +107,6 @@ def put_back_open_layers(model: nn.Module | None) -> PutBack:
         info.reset()
         if holds:
             put_back.layers.append(layer)
-        loading = getattr(layer, EXPERT_LOADING, None)
-        if loading is not None:
-            loading.forget_update()
     if put_back.layers:
         _update_no_longer_active()
     return put_back

@@ -18,6 +18,7 @@ from tests.models.kimi_k3.preparation.update_matrix import (
     TP32,
     cut_short,
     in_buckets,
+    only,
 )
 from tests.models.kimi_k3.preparation.updates import (
     PATHS,
@@ -143,6 +144,23 @@ def test_a_load_plan_declaring_part_of_an_expert_is_refused(
         ) in str(refused.value)
         del state["metadata"]
         PATHS["load_plan"](served, b, state)
+
+
+@pytest.mark.skipif(not has_lifecycle(), reason="direct mode is vLLM 0.34's")
+def test_direct_mode_counts_nothing_a_dead_update_sent(kimi_model, reload_mode) -> None:
+    """In direct mode a source dying midway leaves the model mid-update (no
+    rollback, by vLLM's design); the next update starts a new record of
+    what is sent: sent two experts only, it is refused at its finish (the
+    dead update's tensors of the others are not counted), and whole, it
+    lands."""
+    reload_mode("direct")
+    with update_state() as state, served_rank(kimi_model, GPU_31, 0) as served:
+        b = weights_of(served.layer, 1)
+        with pytest.raises(SourceDied):
+            PATHS["direct"](served, [DiesMidway(b, len(b) - 1)], state)
+        with pytest.raises(ValueError, match="nothing of experts 0, 3"):
+            PATHS["direct"](served, only(b, lambda e, p: e in (1, 2)), state)
+        PATHS["direct"](served, b, state)
 
 
 # The functions the update patches wrap, each where vLLM defines it

@@ -257,17 +257,17 @@ SCENARIOS = [
     ),
     Scenario(
         "malformed",
-        "B with one tensor cut short: refused, A held (layerwise; B where the "
-        "layer had all of its share first, a GPU not holding that expert "
-        "finishing so)",
+        "B with one tensor cut short: refused, A held (layerwise; a layer "
+        "whole before the tensor arrived holds B, on a GPU without its expert "
+        "without a word)",
         lambda b: [cut_short(b)],
         Expected("unless B", ("A", "B")),
         Expected("unless B", ("-",)),
     ),
     Scenario(
         "dies",
-        "B's source dies midway: A held (layerwise; B where the layer had "
-        "all of its share first)",
+        "B's source dies midway: A held (layerwise; a layer whole before it "
+        "died holds B)",
         lambda b: [DiesMidway(b, len(b) // 2)],
         Expected("yes", ("A", "B")),
         REFUSED,
@@ -287,8 +287,8 @@ SCENARIO_NAMED = {s.key: s for s in SCENARIOS}
 
 # A cell's verdict, each code in the table and what it means
 CODES = {
-    "ok": "right: raised where it should, held what it should, byte for byte as "
-    "a fresh load, in the same storage, and the next whole update landed",
+    "ok": "right: raised where it should, held what it should (byte for byte a "
+    "fresh load of it, in the same storage), and B sent whole next landed",
     "took it": "finished where the update must be refused (a malformed "
     "tensor, or part of what direct mode cannot keep)",
     "raises": "raised where vLLM can finish",
@@ -297,8 +297,10 @@ CODES = {
     "!= fresh": "held neither what it should nor A: not as a fresh load of it "
     "(a mixture, or pads read from memory nobody wrote)",
     "moved": "held the right bytes in other storage (CUDA graphs read the old)",
-    "then ✗": "the next whole update did not land as a fresh load of it",
-    "n/a": "not on this path (vLLM refuses it: say why in the docs)",
+    "then ✗": "B sent whole next did not land as a fresh load of it",
+    "n/a": "does not happen on this path (one call has no buckets; EPLB reloads "
+    "whole layers from disk), or vLLM refuses the format there (its direct mode "
+    "takes no online quantization)",
 }
 
 

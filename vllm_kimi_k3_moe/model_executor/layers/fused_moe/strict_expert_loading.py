@@ -386,12 +386,8 @@ class StrictExpertLoading:
     def start_update(self, model: nn.Module) -> None:
         """An in-place update starts on ``model`` (the module vLLM's reload
         was started on, this layer among its modules): nothing sent yet."""
-        self.forget_update()
+        self.sent = Sent()  # what an update that did not finish sent: forgotten
         self._update_model = weakref.ref(model)
-
-    def forget_update(self) -> None:
-        """What an update that did not finish sent is forgotten."""
-        self.sent = Sent()
 
     def update_model(self) -> nn.Module | None:
         """The module the update under way started on (where a refusal
