@@ -79,7 +79,6 @@ def _short(verdict: str) -> str:
 def row(path: str, fmt_label: str, layout: Topology, gpus: Any) -> list[str]:
     """One row's cells, ``alone|plugin`` per scenario, on the GPUs ``gpus``
     names (``--gpus``), or those of a list of numbers (``--gpu``)."""
-    os.environ["VLLM_RELOAD_MODE"] = reload_mode_of(path)
     fmt = next(f for f in FORMATS if f.label == fmt_label)
     everyone = layout.tp_size * layout.dp_size
     if isinstance(gpus, list):
@@ -89,16 +88,36 @@ def row(path: str, fmt_label: str, layout: Topology, gpus: Any) -> list[str]:
             "first-last": sorted({0, everyone - 1}),
             "every": list(range(everyone)),
         }.get(gpus, ranks_of(layout))
-    cells = []
-    for scenario in SCENARIOS:
-        # vLLM's warnings (a layer an update sends nothing for logs "Failed to
-        # load weights", hundreds per row) kept off the table
-        with quiet_vllm(), vllm_alone(_kimi_model):
-            alone = cell(_kimi_model, fmt, layout, path, scenario, ranks)
-        with quiet_vllm():
-            plugin = cell(_kimi_model, fmt, layout, path, scenario, ranks)
-        cells.append(f"{_short(alone)}|{_short(plugin)}")
-    return cells
+    with _reload_mode(path):
+        return [_cell(path, fmt, layout, s, ranks) for s in SCENARIOS]
+
+
+def _cell(
+    path: str, fmt: Any, layout: Topology, scenario: Any, ranks: list[int]
+) -> str:
+    """``alone|plugin`` for one scenario."""
+    # vLLM's warnings (a layer an update sends nothing for logs "Failed to
+    # load weights", hundreds per row) kept off the table
+    with quiet_vllm(), vllm_alone(_kimi_model):
+        alone = cell(_kimi_model, fmt, layout, path, scenario, ranks)
+    with quiet_vllm():
+        plugin = cell(_kimi_model, fmt, layout, path, scenario, ranks)
+    return f"{_short(alone)}|{_short(plugin)}"
+
+
+@contextlib.contextmanager
+def _reload_mode(path: str) -> Any:
+    """``VLLM_RELOAD_MODE`` as ``path`` runs it, for the block (the docs test
+    runs this module in its own process)."""
+    before = os.environ.get("VLLM_RELOAD_MODE")
+    os.environ["VLLM_RELOAD_MODE"] = reload_mode_of(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["VLLM_RELOAD_MODE"]
+        else:
+            os.environ["VLLM_RELOAD_MODE"] = before
 
 
 def _legend(key: str, text: str) -> None:

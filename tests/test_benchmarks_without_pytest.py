@@ -1,4 +1,5 @@
-"""The RL guide's example, ``python -m benchmarks.weight_update``, runs in the
+"""The RL guide's examples, ``python -m benchmarks.weight_update`` and
+``benchmarks.in_place_updates``, run in the
 venv the README's install makes, which has no pytest: nothing it imports from
 the checkout (``benchmarks``, the test helpers it builds from) imports pytest
 at module level. Read from the source: every module-level import, followed
@@ -53,8 +54,9 @@ def pytest_importers(start: str) -> list[str]:
     return sorted(set(found))
 
 
-def test_the_weight_update_example_needs_no_pytest() -> None:
-    assert pytest_importers("benchmarks.weight_update") == []
+def test_the_rl_guide_examples_need_no_pytest() -> None:
+    for example in ("benchmarks.weight_update", "benchmarks.in_place_updates"):
+        assert pytest_importers(example) == [], example
 
 
 def test_the_check_finds_a_pytest_import() -> None:

@@ -73,6 +73,11 @@ ledger entry; each applies and reverts on its own):
     holding what it held. Delete when vLLM's reload rolls back a failed
     update.
 
+``vllm_kimi_k3_moe.distributed.weight_transfer.base``
+    ``WeightTransferEngine.update_weights`` (the NCCL, IPC and M2N engines
+    inherit it): a receive that fails between two buckets does the same for
+    the engine's target model. Delete with the patch above.
+
 Every patch was verified against vLLM 0.33.0 and 0.34.0 (``compat``: the one
 place the two releases differ for the plugin and its tools). Each declares
 the upstream objects it touches (``TARGETS``); on any vLLM, before the first
@@ -137,6 +142,7 @@ ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
 DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
 INT_WNA16_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.int_wna16"
 MODEL_UTILS = "vllm.model_executor.models.utils"
+WEIGHT_TRANSFER = "vllm.distributed.weight_transfer.base"
 # vLLM's in-place updates, and where each module binds the function a patch
 # wraps by name at import (every binding is wrapped: callers reach either)
 RELOAD = "vllm.model_executor.model_loader.reload"
@@ -179,6 +185,7 @@ PATCHES: tuple[tuple[str, str], ...] = (
     *((site, f"{RELOAD_PATCHES}.direct") for site in DIRECT_START_SITES),
     *((site, f"{RELOAD_PATCHES}.plan") for site in LOAD_PLAN_SITES),
     (MODEL_UTILS, "vllm_kimi_k3_moe.model_executor.models.utils"),
+    (WEIGHT_TRANSFER, "vllm_kimi_k3_moe.distributed.weight_transfer.base"),
 )
 
 _registered = False

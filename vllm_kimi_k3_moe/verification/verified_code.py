@@ -53,6 +53,10 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
             "digest": "494034f51aeab17a",
             "signatures": ["6cf5a025a888"],
         },
+        "vllm_kimi_k3_moe.distributed.weight_transfer.base": {
+            "digest": "d8d17597ebbe87ca",
+            "signatures": ["80b0923064e8"],
+        },
     },
     "0.34.0": {
         "vllm_kimi_k3_moe.models.kimi_k3.nvidia.model": {
@@ -106,6 +110,10 @@ VERIFIED_CODE: dict[str, dict[str, Any]] = {
         "vllm_kimi_k3_moe.model_executor.models.utils": {
             "digest": "67dc8fc8205cba4b",
             "signatures": ["6cf5a025a888"],
+        },
+        "vllm_kimi_k3_moe.distributed.weight_transfer.base": {
+            "digest": "d8d17597ebbe87ca",
+            "signatures": ["80b0923064e8"],
         },
     },
 }

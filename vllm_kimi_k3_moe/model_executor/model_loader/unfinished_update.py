@@ -46,12 +46,15 @@ lands; the next one repairs it (``begin`` again, ``finish`` prepares it).
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torch import nn
+
+logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
 
 _LAYERWISE = "vllm.model_executor.model_loader.reload.layerwise"
 # What a Kimi-K3 RoutedExperts of the plugin carries (strict expert loading)
@@ -110,6 +113,27 @@ def put_back_open_layers(model: nn.Module | None) -> PutBack:
     if put_back.layers:
         _update_no_longer_active()
     return put_back
+
+
+def put_back_after_failure(model: nn.Module, error: BaseException) -> None:
+    """An update of ``model`` raised ``error`` on its way (the patches on
+    vLLM's ``AutoWeightsLoader.load_weights`` and the weight-transfer
+    engines' ``update_weights``): every layer it left open in ``model``, if
+    ``model`` holds Kimi-K3 routed experts, given back what it held, said in
+    one warning and in a note on ``error``. Another model is untouched."""
+    if not kimi_k3_loadings(model):
+        return
+    put_back = put_back_open_layers(model)
+    if not put_back.layers:
+        return  # a cold start, a refusal that put back already, direct mode
+    said = (
+        f"vllm-kimi-k3-moe: the weight update failed ({type(error).__name__}): "
+        f"{layers_held(put_back)} it had not finished hold the weights they "
+        "held before it, in the same memory; layers it finished hold the "
+        "update. Send the whole update again (no restart needed)."
+    )
+    logger.warning(said)
+    error.add_note(said)
 
 
 def _update_no_longer_active() -> None:

@@ -43,42 +43,20 @@ Verified against
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from vllm_kimi_k3_moe.model_executor.model_loader.unfinished_update import (
-    kimi_k3_loadings,
-    layers_held,
-    put_back_open_layers,
+    put_back_after_failure,
 )
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
-
-logger = logging.getLogger("vllm.plugins.kimi_k3_moe")
 
 # What the patch replaces (``vllm_kimi_k3_moe.verification``).
 TARGETS = ("vllm.model_executor.models.utils:AutoWeightsLoader.load_weights",)
 
 _depth = threading.local()  # nested calls in this thread
-
-
-def put_back_after_failure(model: Any, error: BaseException) -> None:
-    """``model``'s loading raised ``error`` (see the module docstring)."""
-    if not kimi_k3_loadings(model):
-        return  # another model: untouched
-    put_back = put_back_open_layers(model)
-    if not put_back.layers:
-        return  # a cold start, a refusal that put back already, direct mode
-    said = (
-        f"vllm-kimi-k3-moe: the weight update failed ({type(error).__name__}): "
-        f"{layers_held(put_back)} it had not finished hold the weights they "
-        "held before it, in the same memory; layers it finished hold the "
-        "update. Send the whole update again (no restart needed)."
-    )
-    logger.warning(said)
-    error.add_note(said)
 
 
 def _putting_back(own: Callable[..., Any]) -> Callable[..., Any]:

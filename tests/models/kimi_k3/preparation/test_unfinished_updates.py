@@ -21,6 +21,7 @@ from tests.models.kimi_k3.preparation.update_matrix import (
     only,
 )
 from tests.models.kimi_k3.preparation.updates import (
+    NO_FINISH,
     PATHS,
     RECEIVE_FAILS,
     DiesMidway,
@@ -61,22 +62,38 @@ def test_a_source_dying_midway_says_what_the_engine_holds(
     assert [r.message for r in caplog.records if r.message.startswith(said)]
 
 
+def test_an_engine_receive_failing_puts_back_at_once(kimi_model, reload_mode) -> None:
+    """A weight-transfer engine's receive failing between two buckets (vLLM's
+    IPC engine, its transport stood in): nothing of the loading is on the
+    stack, and vLLM's worker ends the session there; the layers the update
+    opened are given back what they held before the exception reaches the
+    caller, with the note."""
+    reload_mode("start_reload")
+    with update_state() as state, served_rank(kimi_model, GPU_31, 0) as served:
+        b = weights_of(served.layer, 1)
+        with pytest.raises(SourceDied) as died:
+            PATHS["start_reload"](served, [in_buckets(b, 2)[0], RECEIVE_FAILS], state)
+        assert not _on_meta(served.model)
+    assert any(
+        "the weight update failed (SourceDied)" in n for n in died.value.__notes__
+    )
+
+
 def test_the_next_start_puts_back_an_update_left_open(
     kimi_model, reload_mode, caplog
 ) -> None:
-    """A receive failing between two buckets leaves the layers open, as vLLM
-    leaves a layer mid-update (nothing of the plugin's is on the stack, and
-    nothing calls finish); the next update's start (every path's starts
-    through ``initialize_layerwise_reload``) puts them back first, and says
-    so."""
+    """An update abandoned between two buckets (no finish, no error: a
+    trainer gone) leaves its layers open, as vLLM leaves a layer mid-update;
+    the next update's start (every path's starts through
+    ``initialize_layerwise_reload``) gives them back what they held first,
+    and says so."""
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
     reload_mode("start_reload")
     caplog.set_level(logging.WARNING, logger=PLUGIN_LOG)
     with update_state() as state, served_rank(kimi_model, GPU_31, 0) as served:
         b = weights_of(served.layer, 1)
-        with pytest.raises(SourceDied):
-            PATHS["start_reload"](served, [in_buckets(b, 2)[0], RECEIVE_FAILS], state)
+        PATHS["start_reload"](served, [in_buckets(b, 2)[0], NO_FINISH], state)
         assert _on_meta(served.model), "vLLM left nothing open mid-update?"
         initialize_layerwise_reload(served.model)
     assert any(

@@ -37,6 +37,7 @@ from tests.models.kimi_k3.preparation.harness import (
     _layer_topology,
 )
 from tests.models.kimi_k3.preparation.updates import (
+    NO_FINISH,
     PATHS,
     RECEIVE_FAILS,
     DiesMidway,
@@ -273,13 +274,21 @@ SCENARIOS = [
         REFUSED,
     ),
     Scenario(
-        "no finish",
-        "the receive fails between two buckets of B, and nothing calls finish: "
-        "A held, or left open as vLLM leaves a layer mid-update, until the "
-        "next update's start",
+        "recv fails",
+        "the engine's receive of B's second bucket fails: A held (layerwise; a "
+        "layer whole before it failed holds B)",
         lambda b: [in_buckets(b, 2)[0], RECEIVE_FAILS],
-        Expected("yes", ("A", "B", "open")),
+        Expected("yes", ("A", "B")),
         REFUSED,
+        paths=BUCKET_PATHS,
+    ),
+    Scenario(
+        "abandoned",
+        "B's first bucket, then nothing (no finish, no error): left open as "
+        "vLLM leaves a layer mid-update, until the next update's start",
+        lambda b: [in_buckets(b, 2)[0], NO_FINISH],
+        Expected("no", ("A", "B", "open")),
+        Expected("no", ("-",)),
         paths=BUCKET_PATHS,
     ),
 ]

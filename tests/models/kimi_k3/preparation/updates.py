@@ -38,6 +38,9 @@ from tests.models.kimi_k3.preparation.harness import (
     _layer,
     _layer_topology,
 )
+from tests.models.kimi_k3.preparation.stand_ins.weight_transfer import (
+    transfer_engine,
+)
 from vllm_kimi_k3_moe.patching import replaced_attributes
 from vllm_kimi_k3_moe.tools.meta_rank.rank import simulated_rank
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import (
@@ -212,8 +215,9 @@ def differences(found: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) 
 
 # What one update sends: every (name, tensor) at once (a dict), or buckets in
 # turn (a list), each a dict or an iterable that may raise partway (a source
-# dying midway); ``RECEIVE_FAILS`` in the list is an engine's receive failing
-# between two buckets, outside vLLM's loading (nothing calls finish then).
+# dying midway); ``RECEIVE_FAILS`` in the list is an engine's receive of the
+# next bucket failing before anything of it is loaded, ``NO_FINISH`` its
+# caller stopping there without a word (nothing calls finish).
 Update = Weights | list[Any]
 
 
@@ -222,7 +226,14 @@ class SourceDied(RuntimeError):
     a shard cut short, a receive timing out): not the plugin's, not vLLM's."""
 
 
-RECEIVE_FAILS = object()
+class _ReceiveFails:
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        raise SourceDied("the engine's receive of a bucket failed")
+        yield  # a generator: it raises where the bucket is received
+
+
+RECEIVE_FAILS = _ReceiveFails()
+NO_FINISH = object()
 
 
 @dataclass
@@ -242,24 +253,24 @@ class DiesMidway:
 
 
 def buckets_of(update: Update) -> list[Any]:
-    """``update`` as the buckets an engine receives one by one."""
-    return list(update) if isinstance(update, list) else [update]
+    """``update`` as the buckets an engine receives one by one (up to a
+    ``NO_FINISH``)."""
+    buckets = list(update) if isinstance(update, list) else [update]
+    return buckets[: buckets.index(NO_FINISH)] if NO_FINISH in buckets else buckets
+
+
+def finishes(update: Update) -> bool:
+    """Whether the caller of ``update`` calls its finish."""
+    return not (isinstance(update, list) and NO_FINISH in update)
 
 
 def _pairs(bucket: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    if bucket is RECEIVE_FAILS:
-        raise SourceDied("the engine's receive failed between two buckets")
     return iter(bucket.items()) if isinstance(bucket, dict) else iter(bucket)
 
 
 def _one_stream(update: Update) -> Iterator[tuple[str, torch.Tensor]]:
     for bucket in buckets_of(update):
         yield from _pairs(bucket)
-
-
-def whole(update: Update) -> Weights:
-    """Every tensor ``update`` sends (a source that raises raises here)."""
-    return dict(_one_stream(update))
 
 
 @contextlib.contextmanager
@@ -291,25 +302,19 @@ def reload_weights(served: ServedRank, update: Update, state: dict) -> None:
 
 
 def start_and_finish(served: ServedRank, update: Update, state: dict) -> None:
-    """The weight-transfer engines (IPC, NCCL without a plan, M2N's
-    fallbacks, on both releases): a start, ``load_weights`` once per bucket,
-    a finish. vLLM 0.34's ``start_reload``/``finish_reload``, in the mode
-    ``VLLM_RELOAD_MODE`` selects; vLLM 0.33's engines call the layerwise
-    reload's ``initialize``/``finalize`` themselves."""
-    from vllm.model_executor.model_loader import reload
-
-    model_config = served.vllm_config.model_config
+    """The weight-transfer engines that reload layerwise or directly (IPC,
+    NCCL without a plan, M2N's fallbacks), on both releases: vLLM's IPC
+    engine, only its receive stood in (``stand_ins.weight_transfer``): its
+    ``start_weight_update`` (vLLM 0.34's ``start_reload``, in the mode
+    ``VLLM_RELOAD_MODE`` selects; 0.33's ``initialize_layerwise_reload``),
+    ``update_weights`` once per bucket, ``finish_weight_update``."""
+    engine = transfer_engine(served.model, served.vllm_config)
     with _kernel_on_cpu(served):
-        if has_lifecycle():
-            reload.start_reload(served.model)
-        else:
-            reload.initialize_layerwise_reload(served.model)
+        engine.start_weight_update()
         for bucket in buckets_of(update):
-            served.model.load_weights(_pairs(bucket))
-        if has_lifecycle():
-            reload.finish_reload(served.model, model_config, CPU)
-        else:
-            reload.finalize_layerwise_reload(served.model, model_config)
+            engine.update_weights({"bucket": _pairs(bucket)})
+        if finishes(update):
+            engine.finish_weight_update()
 
 
 def load_plan(served: ServedRank, update: Update, state: dict) -> None:
@@ -343,12 +348,13 @@ def load_plan(served: ServedRank, update: Update, state: dict) -> None:
             state["manifest"] = _manifest(metadata)
             state["plan"] = plan_loads(served.model, metadata)
         for bucket in buckets_of(update):
-            tensors = list(_pairs(bucket))
+            tensors = list(_pairs(bucket))  # the broadcast of the bucket
             _check_manifest(
                 state["manifest"], ((n, t.dtype, t.shape) for n, t in tensors)
             )
             load_planned(served.model, state["plan"], tensors)
-        finish_reload(served.model, served.vllm_config.model_config, CPU)
+        if finishes(update):
+            finish_reload(served.model, served.vllm_config.model_config, CPU)
 
 
 def eplb_recovery(served: ServedRank, update: Update, state: dict) -> None:

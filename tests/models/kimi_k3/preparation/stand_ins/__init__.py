@@ -25,7 +25,9 @@ references: they compute values; shared with
 ``collectives`` (the all-reduce of online quantization's maxima over the
 GPUs sharding a weight: a group of one; shared with ``plan`` too),
 ``torch_compile`` (compiled
-functions run as their Python). Each stand-in exists only inside
+functions run as their Python), ``weight_transfer`` (the device sync after
+each bucket an engine receives; its transport, stood in by the update
+tests). Each stand-in exists only inside
 ``on_cpu()`` (or, for what a weight loader asks of a GPU, ``loading()``)
 and is removed on exit. A
 stand-in for a repack or a layout transform (a pure rearrangement of the
@@ -47,6 +49,7 @@ from tests.models.kimi_k3.preparation.stand_ins import (
     humming,
     marlin,
     torch_compile,
+    weight_transfer,
 )
 from vllm_kimi_k3_moe.tools.meta_rank.stand_ins import collectives, online_quantizers
 
@@ -58,6 +61,7 @@ FAMILIES = (
     online_quantizers,
     collectives,
     torch_compile,
+    weight_transfer,
 )
 
 
