@@ -11,7 +11,9 @@ layers: every MoE layer without ``--pp``), ``summary``
 detail, shard), with ``--pp`` ``stages`` (each stage's ``layers`` [start,
 end), ``moe_layers`` and ``per_gpu``) and, with ``--moe-backend``,
 ``allocation`` (its ``routed_bytes_per_gpu``: the heaviest GPU's, with
-``--pp`` its stage's MoE layers only, each stage's in ``by_stage``).
+``--pp`` its stage's MoE layers only, each stage's in ``by_stage``), and
+``aiter_situv2``: the ``AITER_SITUV2_*`` variables the server's environment
+sets that vLLM replaces, what it sets and what to set instead (null: none).
 Encoded by msgspec: a release-sized checkpoint with every expert tensor
 wrong is about a million problems.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from vllm_kimi_k3_moe.tools.check.aiter_environment import Situv2Replaced
 from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport
 from vllm_kimi_k3_moe.tools.check.report import routed_bytes_by_stage
 from vllm_kimi_k3_moe.tools.check.sharding import GpuShare, StageShare
@@ -136,8 +139,13 @@ def allocation_dict(plan: MoeMemoryPlan, stages: list[StageShare]) -> dict[str, 
     return document
 
 
-def as_json(report: PreflightReport, plan: MoeMemoryPlan | None = None) -> bytes:
+def as_json(
+    report: PreflightReport,
+    plan: MoeMemoryPlan | None = None,
+    situv2: Situv2Replaced | None = None,
+) -> bytes:
     document = as_dict(report)
+    document["aiter_situv2"] = None if situv2 is None else situv2.to_dict()
     if plan is not None:
         stages = report.stages if report.parallelism.pp_size > 1 else []
         document["allocation"] = allocation_dict(plan, stages)
