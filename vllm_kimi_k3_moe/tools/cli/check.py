@@ -57,6 +57,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     an_amd_gpu_named,
     gpu_preset,
     named_amd_arch,
+    planned_for,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import (
     Deployment,
@@ -290,7 +291,9 @@ def _checked(
             else _vllm_allocation(report, backend, asked, capability, args.gpu)
         )
         # as text: sys.stdout may be a stream without a binary buffer
-        print(as_json(report, plan, situv2).decode(), end="", flush=True)
+        gpu = planned_for(args.gpu, named_amd_arch(), capability)
+        document = as_json(report, situv2, plan, gpu)
+        print(document.decode(), end="", flush=True)
         return report.status
     # The summary first: building vLLM's model takes a while.
     summarised = summary(report, _online_method(report, asked))
