@@ -88,7 +88,7 @@ def add_command(commands: Subcommands) -> None:
         help="preflight a Kimi-K3 checkpoint before the first launch",
         description=(
             "Verify, from config.json and the safetensors shard headers only "
-            "(never the tensor data; under 2 s for a release-sized header set), "
+            "(never the tensor data; about 2 s for a release-sized header set), "
             "that every routed expert of every MoE layer (MTP draft included) "
             "has each of its gate/up/down tensors in the checkpoint's format "
             "(for example MXFP4's weight_packed and weight_scale), present once, "
