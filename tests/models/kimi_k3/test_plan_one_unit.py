@@ -12,8 +12,10 @@ import re
 
 import pytest
 
+from vllm_kimi_k3_moe.formats import format_named
 from vllm_kimi_k3_moe.tools.cli import main
-from vllm_kimi_k3_moe.tools.deployment.gpus import planned_for
+from vllm_kimi_k3_moe.tools.cli.plan import advisor_title
+from vllm_kimi_k3_moe.tools.deployment.gpus import ALL_GPU_PRESETS, planned_for
 
 # a binary unit anywhere in the answer (option names are lower case)
 BINARY = re.compile(r"\b[KMGT]iB\b")
@@ -120,3 +122,12 @@ def test_a_memory_alone_plans_nvidia_and_its_json_says_assumed(capsys) -> None:
         "vendor_assumed": True,
     }
     assert document["fits"]["gpu_memory_gib"] * 2**30 == 192 * 10**9
+
+
+@pytest.mark.parametrize("preset", ALL_GPU_PRESETS.values(), ids=str)
+def test_the_advisors_first_line_fits_a_screen_on_every_preset(preset) -> None:
+    """The GPU named with its memory made the heading longer: within 120
+    columns on every preset, with the longest backend name plan gives it
+    and more layouts than any advisor lists."""
+    served = f"{format_named('mxfp4').title} on emulation"
+    assert len(advisor_title(f"32 x {preset.title}", served, 111)) <= 120

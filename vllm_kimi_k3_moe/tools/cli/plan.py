@@ -349,10 +349,10 @@ def run(args: argparse.Namespace) -> int:
         print(wide_table(plans, asked.quantization_title, asked.gpu_title, given))
         print(serve_commands(plans))
     elif args.gpus is not None:
-        title = (
-            f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: "
-            f"{asked.quantization_title} on {asked.backend}, {len(plans)} layouts "
-            f"{VLLM} builds, GB = 10^9 bytes"
+        title = advisor_title(
+            f"{args.gpus} x {asked.gpu_title}",
+            f"{asked.quantization_title} on {asked.backend}",
+            len(plans),
         )
         public = public_layouts(args.gpu, args.gpus)
         unmarked = (
@@ -379,6 +379,13 @@ def run(args: argparse.Namespace) -> int:
         print(table(plans, None, (), asked.quantization_title, asked.gpu_title, given))
         print(serve_commands(plans))
     return 0
+
+
+def advisor_title(gpus: str, served: str, layouts: int) -> str:
+    """The advisor's first line: the GPUs (``32 x H20 (102.0 GB)``), the
+    format on its kernel, how many layouts; the unit is on the next line,
+    so that it keeps within 120 columns."""
+    return f"Kimi-K3 on {gpus}: {served}, {layouts} layouts {VLLM} builds"
 
 
 def _next_step(

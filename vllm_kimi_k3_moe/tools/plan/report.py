@@ -524,8 +524,8 @@ def advice(
     marked = {layout.topology for layout in public}
     rows = [p for p in plans if _in_table(p)]
     heading = (
-        f"{title}\nOrdered by memory alone: layouts that fit first, most KV cache "
-        "first (speed is not measured)."
+        f"{title}\nOrdered by memory alone (GB = 10^9 bytes): layouts that fit "
+        "first, most KV cache first (speed is not measured)."
     )
     lines = [table(rows, heading, marked, memory_given=memory_given)]
     if public:
