@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -21,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from tests.aiter_shell import without_aiters_situv2
 from vllm_kimi_k3_moe.tools import cli
 from vllm_kimi_k3_moe.tools.deployment.remembered import vllm_environment
 
 HEADERS = "/tmp/kimi-k3-headers"
-AITER_SITUV2 = "AITER_SITUV2_"
 SETTING = re.compile(r"^[A-Z][A-Z0-9_]*=")
 JQ_STEP = re.compile(r"\.\[(\d+)\]|\.(\w+)|\[\]")
 
@@ -110,11 +109,7 @@ def run(command: str, workspace: Workspace, capsys: pytest.CaptureFixture) -> st
         workspace.ensure_headers()
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as patch:
-        # vLLM's AITER module, imported by an earlier command in this
-        # process, set AITER's SiTUv2 variables in its environment (as in
-        # each vLLM process); an operator's shell has none of them
-        for name in [n for n in os.environ if n.startswith(AITER_SITUV2)]:
-            patch.delenv(name)
+        without_aiters_situv2(patch)  # what an earlier command's vLLM set
         for name, value in settings.items():
             patch.setenv(name, value)
         vllm_environment.cache_clear()

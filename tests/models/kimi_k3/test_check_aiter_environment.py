@@ -28,16 +28,6 @@ from vllm_kimi_k3_moe.tools.cli import main
 A8W4 = {"AITER_SITUV2_A8W4": "1"}  # as the public launch lines set it
 
 
-@pytest.fixture(autouse=True)
-def a_shell_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's AITER module, once imported by another test in this process,
-    set AITER's SiTUv2 variables in its environment (as in each vLLM
-    process); the shell ``check`` is started from has none of them."""
-    for name in [n for n in os.environ if n.startswith("AITER_SITUV2_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.delenv(SITUV2_VARIABLE, raising=False)
-
-
 def test_the_public_lines_a8w4_is_replaced_by_vllms_default() -> None:
     import vllm  # noqa: F401  (what its import sets is not in question)
 
