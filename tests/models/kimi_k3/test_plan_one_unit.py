@@ -124,7 +124,7 @@ def test_a_memory_alone_plans_nvidia_and_its_json_says_assumed(capsys) -> None:
     assert document["fits"]["gpu_memory_gib"] * 2**30 == 192 * 10**9
 
 
-@pytest.mark.parametrize("preset", ALL_GPU_PRESETS.values(), ids=str)
+@pytest.mark.parametrize("preset", ALL_GPU_PRESETS.values(), ids=lambda p: p.name)
 def test_the_advisors_first_line_fits_a_screen_on_every_preset(preset) -> None:
     """The GPU named with its memory made the heading longer: within 120
     columns on every preset, with the longest backend name plan gives it
