@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from tests.aiter_shell import without_aiters_situv2
 from vllm_kimi_k3_moe.tools.deployment.remembered import (
     CACHE_VARIABLE,
     vllm_environment,
@@ -35,6 +36,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def answers_kept_per_test(tmp_path_factory, monkeypatch):
     monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path_factory.mktemp("answers")))
     vllm_environment.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def a_shell_without_aiters_situv2(monkeypatch):
+    """What an earlier test's import of vLLM set is not the next command's."""
+    without_aiters_situv2(monkeypatch)
 
 
 @pytest.hookimpl(trylast=True)

@@ -102,4 +102,4 @@ def test_verbose_is_every_tools_option() -> None:
 
 def test_plot_needs_a_gpu_size_and_says_so_before_building(capsys) -> None:
     said = refusal(capsys, "plan", "--tp", "32", "--plot", "x.svg")
-    assert said.endswith("give its size, --gpu NAME or --gpu-memory-gib X")
+    assert said.endswith("give its size, --gpu NAME or --gpu-memory-gb X")

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.aiter_shell import without_aiters_situv2
 from vllm_kimi_k3_moe.tools import cli
 from vllm_kimi_k3_moe.tools.deployment.remembered import vllm_environment
 
@@ -108,6 +109,7 @@ def run(command: str, workspace: Workspace, capsys: pytest.CaptureFixture) -> st
         workspace.ensure_headers()
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as patch:
+        without_aiters_situv2(patch)  # what an earlier command's vLLM set
         for name, value in settings.items():
             patch.setenv(name, value)
         vllm_environment.cache_clear()

@@ -624,6 +624,13 @@ def test_moe_backend_adds_vllms_own_allocation(kimi_model, write, capsys) -> Non
     allocation = json.loads(out)["allocation"]  # stdout is the JSON alone
     assert allocation["backend"] == "marlin"
     assert allocation["intermediate_per_rank"] == {"plugin": 128, "upstream": 256}
+    # no --gpu: built as vLLM builds on any NVIDIA GPU, and said so
+    assert allocation["planned_for"] == {
+        "gpu": None,
+        "vendor": "nvidia",
+        "architecture": None,
+        "vendor_assumed": True,
+    }
 
 
 def test_with_pipeline_stages_the_allocation_is_per_stage(

@@ -308,7 +308,7 @@ BAD_INPUT = [
         ["TP 24", "vocabulary of 163840"],
     ),
     ("more stages than layers", ["--pp", "94"], ["94", "93 layers"]),
-    ("unknown gpu", ["--gpu", "a100"], ["'a100'", "h100", "--gpu-memory-gib"]),
+    ("unknown gpu", ["--gpu", "a100"], ["'a100'", "h100", "--gpu-memory-gb"]),
     ("infinite memory", ["--gpu-memory-gib", "inf"], ["'inf'", "finite"]),
     (
         "nan utilization",
@@ -323,6 +323,12 @@ BAD_INPUT = [
         ["--gpu", "h100", "--gpu-memory-gib", "80"],
         ["--gpu", "not both"],
     ),
+    (
+        "both gpu and its memory in GB",
+        ["--gpu", "h100", "--gpu-memory-gb", "85"],
+        ["--gpu or --gpu-memory-gb", "not both"],
+    ),
+    ("gpu memory in GB negative", ["--gpu-memory-gb", "-1"], ["'-1'"]),
     ("tp zero", ["--tp", "0"], ["'0'", "positive"]),
     ("tp not a number", ["--tp", "eight"], ["'eight'"]),
     ("unknown backend", ["--moe-backend", "fastest"], ["'fastest'", "marlin"]),
@@ -506,7 +512,7 @@ def test_names_are_taken_in_any_case():
     assert asked.quantization == "w4a16"
     assert asked.backend == "marlin"
     assert asked.serving.kv_cache_dtype == "fp8"
-    assert asked.gpu_title == "H200 141GB"
+    assert asked.gpu_title == "H200 (150.1 GB)"
 
 
 @pytest.fixture(scope="module")

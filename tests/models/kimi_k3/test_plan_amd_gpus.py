@@ -2,8 +2,8 @@
 ``--gpu-memory-gib`` and ``--gpu-arch``, plan the AMD model vLLM builds
 there on the MoE backend vLLM selects there (AITER's on CDNA4, as vLLM's
 recipe serves it; the emulation experts on CDNA3); a memory alone says on
-the first line that it assumed NVIDIA; a backend that needs AITER's switch
-names it where it is off.
+the first line that it assumed NVIDIA (``test_plan_one_unit``); a backend
+that needs AITER's switch names it where it is off.
 
 Why: ``plan --gpu-memory-gib 191.98`` planned an MI308X as an NVIDIA GPU
 without a word (Marlin, and TP16 as "vLLM: yes", which raises on every AMD
@@ -83,14 +83,6 @@ def test_an_unlisted_amd_gpu_by_memory_and_arch_is_planned_as_amd(
 def test_emulation_on_request_on_cdna4() -> None:
     question = asked("--gpu", "mi355x", "--moe-backend", "emulation", "--tp", "8")
     assert question.backend == "emulation"
-
-
-def test_a_memory_alone_says_on_the_first_line_that_it_assumed_nvidia(
-    capsys,
-) -> None:
-    assert main(["plan", "--gpu-memory-gib", "191.98", "--tp", "8"]) == 0
-    first = capsys.readouterr().out.splitlines()[0]
-    assert "NVIDIA (assumed: no --gpu-arch)" in first, first
 
 
 def test_gpu_arch_is_for_a_memory_only(capsys) -> None:

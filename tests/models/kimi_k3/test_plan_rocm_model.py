@@ -242,3 +242,28 @@ def test_the_stderr_note_says_what_is_not_sized_as_vllm_builds_it(
     else:
         assert err.startswith("plan: note: on a GPU ") and said in err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_each_layouts_kv_blocks_are_its_own(rocm_planners) -> None:
+    """vLLM makes one MLA layer's block hold at least a KDA layer's state of
+    a request (``Platform.update_block_size_for_backend``), which TP splits:
+    TP8's blocks are twice TP16's, and the note under a table of both says
+    each (it said the first layout's for all: 384 tokens on 16 MI308X's
+    advisor, 768 for its TP8 x DP2 alone)."""
+    from vllm_kimi_k3_moe.tools.plan.report import _rocm_backend_note
+
+    gpu = ("gfx942", False)
+    with an_amd_gpu_named(*gpu):
+        plans = [
+            rocm_planners[gpu].plan(Deployment(tp, backend=GPUS[gpu], **more))
+            for tp, more in ((16, {}), (8, {"dp_size": 2}), (8, {}))
+        ]
+    tp16, tp8_dp2, tp8 = (p.kv_cache for p in plans)
+    assert tp8.block_size == tp8_dp2.block_size == 2 * tp16.block_size
+    for shape in (tp16, tp8):
+        assert shape.kda_bytes_per_sequence <= shape.page_bytes  # a state a block
+    note = " ".join(_rocm_backend_note(plans))
+    assert note.endswith(
+        f"(its KV-cache blocks, tokens per GPU: {tp8.block_size:,} at TP8, "
+        f"{tp16.block_size:,} at TP16)."
+    ), note

@@ -18,6 +18,7 @@ from huggingface_hub.file_download import repo_folder_name
 from benchmarks.header_set import write as write_header_set
 from tests.shared_planners import shared_planners
 from vllm_kimi_k3_moe.tools.cli import main
+from vllm_kimi_k3_moe.tools.deployment.gpus import planned_for
 from vllm_kimi_k3_moe.tools.deployment.topology import Deployment
 from vllm_kimi_k3_moe.tools.plan.report import as_json, serve_commands
 from vllm_kimi_k3_moe.tools.plan.serve_command import DEFAULT_MODEL
@@ -71,7 +72,7 @@ def test_plans_printed_lines_pass_check(
     blocks = node_blocks(serve_commands([plan]))
     assert list(blocks) == ["node 0", "node 1"]
     assert all(" \\\n" in block for block in blocks.values())
-    (document,) = json.loads(as_json([plan]))
+    (document,) = json.loads(as_json([plan], planned_for("h20", None, (9, 0))))
     assert len(document["serve_commands"]) == 4  # 4 nodes of 8 GPUs
     with shared_planners(monkeypatch):  # every line sizes the same TP32
         for pasted in [*blocks.values(), *document["serve_commands"]]:

@@ -11,7 +11,10 @@ layers: every MoE layer without ``--pp``), ``summary``
 detail, shard), with ``--pp`` ``stages`` (each stage's ``layers`` [start,
 end), ``moe_layers`` and ``per_gpu``) and, with ``--moe-backend``,
 ``allocation`` (its ``routed_bytes_per_gpu``: the heaviest GPU's, with
-``--pp`` its stage's MoE layers only, each stage's in ``by_stage``).
+``--pp`` its stage's MoE layers only, each stage's in ``by_stage``; its
+``planned_for``: the GPU vLLM's model was built as on, as in plan's JSON), and
+``aiter_situv2``: the ``AITER_SITUV2_*`` variables the server's environment
+sets that vLLM replaces, what it sets and what to set instead (null: none).
 Encoded by msgspec: a release-sized checkpoint with every expert tensor
 wrong is about a million problems.
 """
@@ -22,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from vllm_kimi_k3_moe.tools.check.aiter_environment import Situv2Replaced
 from vllm_kimi_k3_moe.tools.check.preflight import PreflightReport
 from vllm_kimi_k3_moe.tools.check.report import routed_bytes_by_stage
 from vllm_kimi_k3_moe.tools.check.sharding import GpuShare, StageShare
@@ -113,12 +117,15 @@ def _per_gpu(shares: list[GpuShare]) -> list[dict[str, Any]]:
     ]
 
 
-def allocation_dict(plan: MoeMemoryPlan, stages: list[StageShare]) -> dict[str, Any]:
+def allocation_dict(
+    plan: MoeMemoryPlan, stages: list[StageShare], planned_for: dict[str, Any]
+) -> dict[str, Any]:
     """``routed_bytes_per_gpu``: what the heaviest GPU allocates (with
     pipeline stages, its stage's MoE layers only; ``by_stage`` has each)."""
     by_stage = routed_bytes_by_stage(plan, stages)
     heaviest = max(by_stage, key=lambda pair: pair[0])
     document = {
+        "planned_for": planned_for,
         "backend": plan.deployment.backend,
         "moe_layers": plan.moe_layers,
         "intermediate_per_rank": {
@@ -136,9 +143,18 @@ def allocation_dict(plan: MoeMemoryPlan, stages: list[StageShare]) -> dict[str, 
     return document
 
 
-def as_json(report: PreflightReport, plan: MoeMemoryPlan | None = None) -> bytes:
+def as_json(
+    report: PreflightReport,
+    situv2: Situv2Replaced | None = None,
+    plan: MoeMemoryPlan | None = None,
+    planned_for: dict[str, Any] | None = None,
+) -> bytes:
+    """``plan``: vLLM's allocation (``--moe-backend``), built as on the GPU
+    ``planned_for`` says."""
     document = as_dict(report)
+    document["aiter_situv2"] = None if situv2 is None else situv2.to_dict()
     if plan is not None:
+        assert planned_for is not None
         stages = report.stages if report.parallelism.pp_size > 1 else []
-        document["allocation"] = allocation_dict(plan, stages)
+        document["allocation"] = allocation_dict(plan, stages, planned_for)
     return msgspec.json.encode(document) + b"\n"  # Problems are Structs

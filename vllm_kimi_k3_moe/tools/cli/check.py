@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,11 @@ from typing import TYPE_CHECKING
 from vllm_kimi_k3_moe.compat import VLLM
 from vllm_kimi_k3_moe.formats import FORMATS, FormatError
 from vllm_kimi_k3_moe.formats.bf16 import BF16
+from vllm_kimi_k3_moe.tools.check.aiter_environment import (
+    AiterEnvironmentError,
+    Situv2Replaced,
+    replaced_situv2,
+)
 from vllm_kimi_k3_moe.tools.check.hub_cache import checkpoint_directory
 from vllm_kimi_k3_moe.tools.check.json_report import as_json
 from vllm_kimi_k3_moe.tools.check.preflight import (
@@ -51,6 +57,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     an_amd_gpu_named,
     gpu_preset,
     named_amd_arch,
+    planned_for,
 )
 from vllm_kimi_k3_moe.tools.deployment.topology import (
     Deployment,
@@ -81,7 +88,7 @@ def add_command(commands: Subcommands) -> None:
         help="preflight a Kimi-K3 checkpoint before the first launch",
         description=(
             "Verify, from config.json and the safetensors shard headers only "
-            "(never the tensor data; under 2 s for a release-sized header set), "
+            "(never the tensor data; about 2 s for a release-sized header set), "
             "that every routed expert of every MoE layer (MTP draft included) "
             "has each of its gate/up/down tensors in the checkpoint's format "
             "(for example MXFP4's weight_packed and weight_scale), present once, "
@@ -243,6 +250,9 @@ def _asked(args: argparse.Namespace) -> CheckInput:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the server's environment as a shell started from here gives it: read
+    # before vLLM is imported, which sets AITER's SiTUv2 variables in its own
+    inherited = dict(os.environ)
     no_background_kernel_builds()  # vLLM's parser and model on the meta device only
     preset = None if args.gpu is None else gpu_preset(args.gpu)
     arch = preset and preset.arch
@@ -250,16 +260,23 @@ def run(args: argparse.Namespace) -> int:
         environment = (
             {} if args.serve_command is None else serve_environment(args.serve_command)
         )
-    except DeploymentError as error:
+        with quiet_vllm():  # vLLM's import, where AITER's variables are set
+            situv2 = replaced_situv2({**inherited, **environment})
+    except (DeploymentError, AiterEnvironmentError) as error:
         fail("check", str(error))
     with an_amd_gpu_named(arch, aiter_served(arch, environment)):
-        return _checked(args, GPU_CAPABILITY.get(args.gpu or ""))
+        return _checked(args, GPU_CAPABILITY.get(args.gpu or ""), situv2)
 
 
-def _checked(args: argparse.Namespace, capability: tuple[int, int] | None) -> int:
+def _checked(
+    args: argparse.Namespace,
+    capability: tuple[int, int] | None,
+    situv2: Situv2Replaced | None = None,
+) -> int:
     """``run``, with the GPU ``--gpu`` names held (an AMD one's
     architecture; ``capability``: an NVIDIA one's, held while vLLM's model
-    is built)."""
+    is built); ``situv2``: AITER's variables the server's environment sets
+    that vLLM replaces, said before the verdict."""
     try:  # refuses what it cannot use before reading the shards
         asked = _asked(args)
         validate_prefill_context_parallel(asked.pcp_size)
@@ -274,7 +291,9 @@ def _checked(args: argparse.Namespace, capability: tuple[int, int] | None) -> in
             else _vllm_allocation(report, backend, asked, capability, args.gpu)
         )
         # as text: sys.stdout may be a stream without a binary buffer
-        print(as_json(report, plan).decode(), end="", flush=True)
+        gpu = planned_for(args.gpu, named_amd_arch(), capability)
+        document = as_json(report, situv2, plan, gpu)
+        print(document.decode(), end="", flush=True)
         return report.status
     # The summary first: building vLLM's model takes a while.
     summarised = summary(report, _online_method(report, asked))
@@ -283,7 +302,9 @@ def _checked(args: argparse.Namespace, capability: tuple[int, int] | None) -> in
         stages = report.stages if report.parallelism.pp_size > 1 else []
         moe = _vllm_allocation(report, backend, asked, capability, args.gpu)
         print("\n".join(allocation(moe, stages)))
-    print("\n".join([*problem_lines(report.problems, args.show_all), *verdict(report)]))
+    said = [] if situv2 is None else situv2.lines()
+    problems = problem_lines(report.problems, args.show_all)
+    print("\n".join([*said, *problems, *verdict(report)]))
     return report.status
 
 

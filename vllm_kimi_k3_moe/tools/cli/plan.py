@@ -1,7 +1,7 @@
 """``vllm-kimi-k3-moe plan``: does Kimi-K3 fit, how, and with how much KV cache.
 
-Two modes. With ``--gpus N`` (and a GPU: ``--gpu NAME`` or
-``--gpu-memory-gib X``) the advisor lists every layout of exactly N GPUs
+Two modes. With ``--gpus N`` (and a GPU: ``--gpu NAME`` or its memory,
+``--gpu-memory-gb X``) the advisor lists every layout of exactly N GPUs
 vLLM builds (DCP sizes included), fitting first and most KV cache first,
 the public ones marked, with the ``vllm serve`` commands of the first few
 and of the public ones, and the ``plan`` command (the other mode) that
@@ -58,7 +58,9 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     XPU,
     XPU_MOE_BACKENDS,
     XPU_PRESETS,
+    gpu_preset,
     in_gb,
+    planned_for,
 )
 from vllm_kimi_k3_moe.tools.deployment.nodes import DEFAULT_GPUS_PER_NODE
 from vllm_kimi_k3_moe.tools.deployment.topology import (
@@ -71,6 +73,7 @@ from vllm_kimi_k3_moe.tools.plan.asked import (
     INPUT_ERRORS,
     PlanInput,
     gpu_label,
+    memory_given,
     plan_input,
 )
 from vllm_kimi_k3_moe.tools.plan.next_step import fitting, next_step, next_step_lines
@@ -119,7 +122,7 @@ def add_command(commands: Subcommands) -> None:
             "and with this plugin, and report what the heaviest GPU holds; "
             "with a GPU size, also whether vLLM starts and how much KV cache "
             "it then has, from vLLM's own KV-cache planner. "
-            "Advisor: --gpus N with --gpu NAME (or --gpu-memory-gib X) lists "
+            "Advisor: --gpus N with --gpu NAME (or --gpu-memory-gb X) lists "
             "every tensor x pipeline x data-parallel layout of exactly N GPUs, "
             "with and without expert parallelism, with every decode-context-"
             "parallel size, that vLLM builds for the format and kernel, "
@@ -148,7 +151,7 @@ def add_command(commands: Subcommands) -> None:
         type=positive_int,
         metavar="N",
         help="advisor: every layout of exactly N GPUs (needs --gpu or "
-        "--gpu-memory-gib; not with --tp/--pp/--dp/--ep/--dcp)",
+        "--gpu-memory-gb; not with --tp/--pp/--dp/--ep/--dcp)",
     )
     plan.add_argument(
         "--gpu",
@@ -156,17 +159,25 @@ def add_command(commands: Subcommands) -> None:
         help=f"the GPU, for its memory: {', '.join(ALL_GPU_PRESETS)}",
     )
     plan.add_argument(
+        "--gpu-memory-gb",
+        type=positive_float,
+        metavar="X",
+        help="memory of one GPU in GB (10^9 bytes, the answers' unit), for any "
+        "other GPU: as a datasheet prints it, or as CUDA (HIP) reports it "
+        "(torch.cuda.mem_get_info()[1] / 1e9; vLLM sizes from that figure, "
+        "which a datasheet's rounds); NVIDIA unless --gpu-arch names an AMD one",
+    )
+    plan.add_argument(
         "--gpu-memory-gib",
         type=positive_float,
         metavar="X",
-        help="memory of one GPU in GiB as CUDA (HIP) reports it, for any other "
-        "GPU: NVIDIA unless --gpu-arch names an AMD one",
+        help="the same in GiB (2^30 bytes), as nvidia-smi's MiB / 1024",
     )
     plan.add_argument(
         "--gpu-arch",
         type=str.lower,
         choices=GPU_ARCHS,
-        help="the architecture of the AMD GPU --gpu-memory-gib gives (gfx942: "
+        help="the architecture of the AMD GPU --gpu-memory-gb gives (gfx942: "
         "CDNA3, MI300X-class; gfx950: CDNA4, MI350X-class): plan builds "
         "vLLM's AMD Kimi-K3 model for it",
     )
@@ -248,7 +259,7 @@ def add_command(commands: Subcommands) -> None:
         metavar="FILE.svg",
         help="also write one GPU's memory in each layout (weights, reserve, KV "
         "cache), vLLM alone against the plugin, as an SVG figure (needs a GPU "
-        "size: --gpu NAME or --gpu-memory-gib)",
+        "size: --gpu NAME or --gpu-memory-gb X)",
     )
     plan.set_defaults(run=run)
 
@@ -302,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         fail(
             "plan",
             "--plot draws a GPU's memory: give its size, --gpu NAME or "
-            "--gpu-memory-gib X",
+            "--gpu-memory-gb X",
         )
     answers = Answers(asked, served_model(args.model, args.config), args.gpus_per_node)
     step: list[str] = []
@@ -329,17 +340,19 @@ def run(args: argparse.Namespace) -> int:
     _note_kernel_not_verified(kernel, args.gpu)
     _note_attention_borrowed(asked.amd_arch, gpu_label(args), plans)
     note_online(asked.online, plans, _say)
-    given = args.gpu_memory_gib is not None  # the fits note says it once
+    # the option that gave the GPU's memory: the fits note says it once
+    given = None if asked.memory_given is None else shlex.join(asked.memory_given.words)
     if args.json:
-        print(as_json(plans))
+        gpu = None if args.gpu is None else gpu_preset(args.gpu).name
+        print(as_json(plans, planned_for(gpu, asked.amd_arch, asked.capability)))
     elif args.wide:
         print(wide_table(plans, asked.quantization_title, asked.gpu_title, given))
         print(serve_commands(plans))
     elif args.gpus is not None:
-        title = (
-            f"Kimi-K3 on {args.gpus} x {asked.gpu_title}: "
-            f"{asked.quantization_title} on {asked.backend}, {len(plans)} layouts "
-            f"{VLLM} builds, GB = 10^9 bytes"
+        title = advisor_title(
+            f"{args.gpus} x {asked.gpu_title}",
+            f"{asked.quantization_title} on {asked.backend}",
+            len(plans),
         )
         public = public_layouts(args.gpu, args.gpus)
         unmarked = (
@@ -366,6 +379,13 @@ def run(args: argparse.Namespace) -> int:
         print(table(plans, None, (), asked.quantization_title, asked.gpu_title, given))
         print(serve_commands(plans))
     return 0
+
+
+def advisor_title(gpus: str, served: str, layouts: int) -> str:
+    """The advisor's first line: the GPUs (``32 x H20 (102.0 GB)``), the
+    format on its kernel, how many layouts; the unit is on the next line,
+    so that it keeps within 120 columns."""
+    return f"Kimi-K3 on {gpus}: {served}, {layouts} layouts {VLLM} builds"
 
 
 def _next_step(
@@ -490,8 +510,9 @@ def _gpu_words(args: argparse.Namespace) -> list[str]:
     architecture)."""
     if args.gpu:
         return ["--gpu", args.gpu]
-    words = ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
-    return words + (["--gpu-arch", args.gpu_arch] if args.gpu_arch else [])
+    given = memory_given(args)
+    assert given is not None  # the advisor and next step need a GPU size
+    return given.words + (["--gpu-arch", args.gpu_arch] if args.gpu_arch else [])
 
 
 def plan_command(args: argparse.Namespace, topology: Topology) -> str:

@@ -5,7 +5,7 @@ vLLM takes ``--gpu-memory-utilization`` of the total a CUDA process sees
 (``torch.cuda.mem_get_info()``), which is ``nvidia-smi``'s "Total" less the
 driver's reserved memory (``nvidia-smi -q``: "Reserved"), 0.5-0.9 GiB, and
 below the marketed figure. Each preset is that CUDA total in MiB, with where
-it was read; ``--gpu-memory-gib`` stays for any other GPU or driver. On
+it was read; ``--gpu-memory-gb`` (or ``-gib``) gives any other GPU's. On
 AMD GPUs vLLM's ROCm build reads the same torch call, which HIP answers
 (PyTorch's "total capacity" in its out-of-memory message is that figure).
 
@@ -33,7 +33,7 @@ XPU = "xpu"
 @dataclass(frozen=True)
 class GpuPreset:
     name: str
-    title: str
+    model: str  # the GPU's name, without its memory: the title adds it in GB
     cuda_total_mib: int  # what a CUDA (HIP) process sees as the device's total
     vendor: str = NVIDIA
     # where vLLM builds its AMD Kimi-K3 model: the GPU architecture ROCm
@@ -44,6 +44,13 @@ class GpuPreset:
     def memory_gib(self) -> float:
         return round(self.cuda_total_mib / MIB_PER_GIB, 2)
 
+    @property
+    def title(self) -> str:
+        """How the answers name it: its model and its memory in their unit,
+        GB, as vLLM sees it (not the datasheet's rounding: an H20 sold as
+        96 GB is 102.0 GB here, the figure the fits note sizes with)."""
+        return f"{self.model} ({in_gb(self.memory_gib)})"
+
 
 GPU_PRESETS: dict[str, GpuPreset] = {
     preset.name: preset
@@ -52,33 +59,33 @@ GPU_PRESETS: dict[str, GpuPreset] = {
         # github.com/NVIDIA/nccl/issues/1264), of which 480 MiB reserved
         # (github.com/NVIDIA/k8s-test-infra, tests/e2e/go/assertions/nvidiasmi/
         # testdata/hardware/qx-h100.xml); marketed 80 GB.
-        GpuPreset("h100", "H100 SXM 80GB", 81559 - 480),
+        GpuPreset("h100", "H100 SXM", 81559 - 480),
         # CUDA total_memory=97285 MiB (alipay/PainlessInferenceAcceleration,
         # flood/flood/ops/seg_attn.py); nvidia-smi 97871 MiB
         # (github.com/NVIDIA/nccl-tests/issues/338); marketed 96 GB.
-        GpuPreset("h20", "H20 96GB", 97285),
+        GpuPreset("h20", "H20", 97285),
         # PyTorch OOM "total capacity of 139.80 GiB" (stas00/ml-engineering,
         # debug/pytorch.md); nvidia-smi 143771 MiB
         # (github.com/sgl-project/sglang/issues/3196); marketed 141 GB.
-        GpuPreset("h200", "H200 141GB", 143155),
+        GpuPreset("h200", "H200", 143155),
         # cudaDeviceProp total 178.35 GiB (github.com/pytorch/ao/pull/4002);
         # nvidia-smi 183359 MiB, 728 MiB reserved (k8s-test-infra
         # qx-b200.xml; github.com/NVIDIA/TensorRT-LLM/issues/10278);
         # marketed 180 GB (DGX B200 user guide: 1,440 GB per 8 GPUs).
-        GpuPreset("b200", "B200 180GB", 183359 - 728),
+        GpuPreset("b200", "B200", 183359 - 728),
         # nvidia-smi 275040 MiB (github.com/oracle-quickstart/
         # oci-gpu-quickstarts, nvidia/B300/README-B300.md, which gives 268
         # GB per GPU); vLLM reported 267.69 GiB of it in a public benchmark;
         # marketed 288 GB (decimal: the same 275040 MiB).
-        GpuPreset("b300", "B300 288GB", 274115),
+        GpuPreset("b300", "B300", 274115),
         # nvidia-smi 189471 MiB, 742 MiB reserved (k8s-test-infra
         # qx-gb200.xml, AWS p6e-gb200); PyTorch OOMs give 184.31 GiB;
         # marketed 186 GB (NVIDIA MIG user guide).
-        GpuPreset("gb200", "GB200 186GB", 189471 - 742),
+        GpuPreset("gb200", "GB200", 189471 - 742),
         # nvidia-smi 284208 MiB, 947 MiB reserved (k8s-test-infra
         # qx-gb300.xml; oci-gpu-quickstarts nvidia/GB300/README-GB300.md);
         # no CUDA measurement found: total less reserved; marketed 288 GB.
-        GpuPreset("gb300", "GB300 288GB", 284208 - 947),
+        GpuPreset("gb300", "GB300", 284208 - 947),
     )
 }
 
@@ -91,27 +98,27 @@ ROCM_AND_XPU_PRESETS: dict[str, GpuPreset] = {
         # HIP "total capacity of 191.98 GiB" (PyTorch's out-of-memory message
         # on MI300X, AMD ROCm blogs, "GPTQ quantization on AMD GPUs" with
         # GPTQModel); marketed 192 GB (HBM3).
-        GpuPreset("mi300x", "MI300X 192GB", 196588, AMD, "gfx942"),
+        GpuPreset("mi300x", "MI300X", 196588, AMD, "gfx942"),
         # The MI300X's sibling (CDNA3, gfx942) with its 192 GB of HBM3, as
         # the public question of running Kimi-K3 on two servers of 8 gives
         # it (github.com/MoonshotAI/Kimi-K3/issues/33). No HIP measurement
         # of an MI308X found: the MI300X's 191.98 GiB, the same memory.
-        GpuPreset("mi308x", "MI308X 192GB", 196588, AMD, "gfx942"),
+        GpuPreset("mi308x", "MI308X", 196588, AMD, "gfx942"),
         # HIP "total capacity of 255.98 GiB" (public vLLM ROCm reports of
         # HIP out-of-memory on MI325X, e.g. the sparse-MLA decode fallback's);
         # marketed 256 GB (HBM3E).
-        GpuPreset("mi325x", "MI325X 256GB", 262124, AMD, "gfx942"),
+        GpuPreset("mi325x", "MI325X", 262124, AMD, "gfx942"),
         # CDNA4 (gfx950) with the MI355X's 288 GiB of HBM3E (ROCm's GPU
         # specifications, rocm.docs.amd.com/en/latest/reference/
         # gpu-specs.html, list both so). No HIP measurement of an MI350X
         # found: the MI355X's 287.98 GiB, the same memory.
-        GpuPreset("mi350x", "MI350X 288GB", 294892, AMD, "gfx950"),
+        GpuPreset("mi350x", "MI350X", 294892, AMD, "gfx950"),
         # HIP "total capacity of 287.98 GiB" (public MI355X out-of-memory
         # reports from vLLM and SGLang runs); marketed 288 GB (HBM3E).
-        GpuPreset("mi355x", "MI355X 288GB", 294892, AMD, "gfx950"),
+        GpuPreset("mi355x", "MI355X", 294892, AMD, "gfx950"),
         # No measurement found of what vLLM's XPU build sees: the marketed
         # 128 GB of HBM2e (8 stacks of 16 GiB), taken as 128 GiB.
-        GpuPreset("max1550", "Intel Max 1550 128GB", 128 * MIB_PER_GIB, INTEL, XPU),
+        GpuPreset("max1550", "Intel Max 1550", 128 * MIB_PER_GIB, INTEL, XPU),
     )
 }
 
@@ -130,8 +137,8 @@ AMD_MOE_BACKENDS: dict[str, tuple[str, ...]] = {"mxfp4": ("emulation", "aiter")}
 XPU_MOE_BACKENDS: dict[str, tuple[str, ...]] = {"mxfp4": ("emulation", "xpu")}
 
 
-# --gpu-arch: the architecture of an AMD GPU no preset names (given by
-# --gpu-memory-gib), the names ROCm reports (gcnArchName): CDNA3, CDNA4
+# --gpu-arch: the architecture of an AMD GPU no preset names (given by its
+# memory), the names ROCm reports (gcnArchName): CDNA3, CDNA4
 GPU_ARCHS = ("gfx942", "gfx950")
 
 # The switch vLLM's ROCm build reads for AITER's kernels (``vllm.envs``; off
@@ -152,14 +159,57 @@ def in_gb(memory_gib: float) -> str:
     return f"{memory_gib * 2**30 / 10**9:.1f} GB"
 
 
+@dataclass(frozen=True)
+class MemoryGiven:
+    """A GPU's memory as ``--gpu-memory-gb`` (GB = 10^9 bytes, the answers'
+    unit and a datasheet's) or ``--gpu-memory-gib`` (GiB = 2^30 bytes, as
+    CUDA and HIP report it) gave it, for a GPU no preset names."""
+
+    value: float
+    unit: str  # "GB" or "GiB"
+
+    @property
+    def gib(self) -> float:
+        return self.value if self.unit == "GiB" else self.value * 10**9 / 2**30
+
+    @property
+    def words(self) -> list[str]:
+        """The option as given, for the commands the answers print."""
+        return [f"--gpu-memory-{self.unit.lower()}", f"{self.value:.15g}"]
+
+
 def memory_gpu_title(memory_gib: float, arch: str | None) -> str:
-    """How the tables name a GPU ``--gpu-memory-gib`` gives, in GB (their
-    unit), with its vendor: AMD and its architecture (``--gpu-arch``), else
-    NVIDIA, said to be assumed."""
+    """How the tables name a GPU given by its memory, in GB (their unit),
+    with its vendor: AMD and its architecture (``--gpu-arch``), else NVIDIA,
+    said to be assumed."""
     size = in_gb(memory_gib)
     if arch is None:
         return f"{size} NVIDIA (assumed: no --gpu-arch)"
     return f"{size} AMD {arch}"
+
+
+def planned_for(
+    gpu: str | None, arch: str | None, capability: tuple[int, int] | None
+) -> dict[str, str | bool | None]:
+    """For an answer's JSON, the GPU it was planned for: the preset named
+    (``gpu``; None: given by its memory, or no GPU), the vendor and the
+    architecture vLLM was built as on (AMD's gfx name or ``xpu``, ``arch``;
+    NVIDIA's compute capability as CUDA names it, ``sm_90``; None: any
+    NVIDIA GPU that runs the kernel), and whether the vendor was assumed
+    (NVIDIA: neither ``--gpu`` nor ``--gpu-arch`` named one)."""
+    if arch == XPU:
+        vendor = INTEL
+    elif arch is not None:
+        vendor = AMD
+    else:
+        vendor = NVIDIA
+        arch = None if capability is None else "sm_{}{}".format(*capability)
+    return {
+        "gpu": gpu,
+        "vendor": vendor,
+        "architecture": arch,
+        "vendor_assumed": gpu is None and vendor == NVIDIA,
+    }
 
 
 class GpuError(ValueError):
@@ -226,6 +276,6 @@ def gpu_preset(name: str) -> GpuPreset:
     except KeyError:
         raise GpuError(
             f"unknown --gpu {name!r}; choose one of {', '.join(ALL_GPU_PRESETS)}, "
-            "or give --gpu-memory-gib X (with --gpu-arch "
+            "or give its memory, --gpu-memory-gb X (with --gpu-arch "
             f"{' or '.join(GPU_ARCHS)} for an AMD GPU)"
         ) from None

@@ -30,6 +30,7 @@ from vllm_kimi_k3_moe.tools.deployment.gpus import (
     AMD_MOE_BACKENDS,
     XPU,
     GpuError,
+    MemoryGiven,
     amd_moe_backends,
     an_amd_gpu_named,
     gpu_preset,
@@ -68,6 +69,8 @@ from vllm_kimi_k3_moe.tools.plan.max_model_len import max_model_len
 from vllm_kimi_k3_moe.tools.plan.online_names import online_config, online_method
 
 DEFAULT_TP_SIZES = (8, 16, 32)
+# how the messages ask for a GPU size
+GPU_SIZE = "--gpu NAME or --gpu-memory-gb X"
 # the errors of a question plan cannot size, each one line for the operator
 INPUT_ERRORS = (ConfigFileError, DeploymentError, BudgetError, GpuError, FormatError)
 
@@ -102,21 +105,24 @@ class PlanInput:
     # AITER on there (``amd_gpu.aiter_planned``): the serve lines then carry
     # VLLM_ROCM_USE_AITER=1
     aiter: bool = False
+    # --gpu-memory-gb or --gpu-memory-gib, as given; None: a preset or no GPU
+    memory_given: MemoryGiven | None = None
 
 
 def _budget(
     args: argparse.Namespace, quantization: str, say: Callable[[str], None]
 ) -> tuple[GpuBudget | None, str | None]:
     """The GPU's budget and the name every line gives it."""
-    if args.gpu is not None and args.gpu_memory_gib is not None:
-        raise BudgetError("give --gpu or --gpu-memory-gib, not both")
+    given = memory_given(args)
+    if args.gpu is not None and given is not None:
+        raise BudgetError(f"give --gpu or {given.words[0]}, not both")
     if args.gpu is not None:
         preset = gpu_preset(args.gpu)
         memory, title = preset.memory_gib, preset.title
-    elif args.gpu_memory_gib is not None:
+    elif given is not None:
         # in GB, the unit of the answer (GB = 10^9 bytes), with the vendor:
-        # never NVIDIA silently (the fits note says the GiB given, once)
-        memory = args.gpu_memory_gib
+        # never NVIDIA silently (the fits note says the option given, once)
+        memory = given.gib
         title = memory_gpu_title(memory, args.gpu_arch)
     else:
         for option, value in (
@@ -124,9 +130,7 @@ def _budget(
             ("--reserve-gib", args.reserve_gib),
         ):
             if value is not None:
-                raise BudgetError(
-                    f"{option} needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
-                )
+                raise BudgetError(f"{option} needs a GPU size: add {GPU_SIZE}")
         return None, None
     # None: vLLM's default utilization and plan's estimate of the reserve,
     # which the installed vLLM decides once it is imported (kv_budget)
@@ -171,7 +175,7 @@ def _note_kv_options_unused(
         say(
             f"plan: note: {' and '.join(given)} "
             f"{'size' if len(given) > 1 else 'sizes'} the KV cache, which the "
-            "table shows with a GPU size (--gpu NAME or --gpu-memory-gib X)"
+            f"table shows with a GPU size ({GPU_SIZE})"
         )
 
 
@@ -258,9 +262,7 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
                 f"--gpus lists every layout itself; drop {', '.join(explicit)}"
             )
         if budget is None:
-            raise DeploymentError(
-                "--gpus needs a GPU size: add --gpu NAME or --gpu-memory-gib X"
-            )
+            raise DeploymentError(f"--gpus needs a GPU size: add {GPU_SIZE}")
         with an_amd_gpu_named(amd_arch, aiter):
             validate_backend(fmt.name, backend, online)
         deployments, left_out = [], []
@@ -319,17 +321,31 @@ def plan_input(args: argparse.Namespace, say: Callable[[str], None]) -> PlanInpu
         config,
         amd_arch,
         aiter,
+        memory_given(args),
     )
+
+
+def memory_given(args: argparse.Namespace) -> MemoryGiven | None:
+    """The GPU's memory as ``--gpu-memory-gb`` or ``--gpu-memory-gib``
+    gave it (one of them); None where neither did."""
+    given = [
+        MemoryGiven(value, unit)
+        for value, unit in ((args.gpu_memory_gb, "GB"), (args.gpu_memory_gib, "GiB"))
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise BudgetError("give --gpu-memory-gb or --gpu-memory-gib, not both")
+    return given[0] if given else None
 
 
 def _amd_arch(args: argparse.Namespace) -> str | None:
     """Where ``--gpu`` names an AMD GPU, its architecture; an Intel one,
-    ``gpus.XPU``; ``--gpu-arch`` for a GPU ``--gpu-memory-gib`` gives:
-    where vLLM builds its AMD Kimi-K3 model. None otherwise (NVIDIA)."""
-    if args.gpu_arch is not None and args.gpu_memory_gib is None:
+    ``gpus.XPU``; ``--gpu-arch`` for a GPU given by its memory: where vLLM
+    builds its AMD Kimi-K3 model. None otherwise (NVIDIA)."""
+    if args.gpu_arch is not None and memory_given(args) is None:
         raise BudgetError(
-            "--gpu-arch is the architecture of a GPU --gpu-memory-gib gives"
-            + (f"; --gpu {args.gpu} has its own" if args.gpu else "")
+            "--gpu-arch is the architecture of a GPU --gpu-memory-gb (or -gib) "
+            "gives" + (f"; --gpu {args.gpu} has its own" if args.gpu else "")
         )
     if args.gpu is None:
         return args.gpu_arch
@@ -341,9 +357,10 @@ def gpu_label(args: argparse.Namespace) -> str:
     architecture)."""
     if args.gpu is not None:
         return args.gpu
-    if args.gpu_memory_gib is None:
+    given = memory_given(args)
+    if given is None:
         return "any GPU"
-    return f"a {memory_gpu_title(args.gpu_memory_gib, args.gpu_arch)} GPU"
+    return f"a {memory_gpu_title(given.gib, args.gpu_arch)} GPU"
 
 
 # --moe-backend's default (``cli.common``): NVIDIA's; on an AMD GPU it names

@@ -58,7 +58,7 @@ def memory_svg(plans: Sequence[DeploymentPlan], title: str) -> str:
     """The figure of ``plans`` (each sized on a GPU: ``budget`` set)."""
     budgets = [plan.budget for plan in plans]
     if not plans or any(budget is None for budget in budgets):
-        raise ValueError("--plot needs a GPU size (--gpu NAME or --gpu-memory-gib)")
+        raise ValueError("--plot needs a GPU size (--gpu NAME or --gpu-memory-gb X)")
     totals = [
         sum(size for _, size in bar)
         for plan in plans

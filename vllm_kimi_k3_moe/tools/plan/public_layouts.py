@@ -93,7 +93,7 @@ PUBLIC_LAYOUTS: dict[str, tuple[PublicLayout, ...]] = {
 
 def public_layouts(gpu: str | None, gpus: int) -> tuple[PublicLayout, ...]:
     """The public layouts of exactly ``gpus`` GPUs of kind ``gpu`` (a
-    ``--gpu`` preset name; none for ``--gpu-memory-gib``)."""
+    ``--gpu`` preset name; none for a GPU given by its memory)."""
     if gpu is None:
         return ()
     return tuple(

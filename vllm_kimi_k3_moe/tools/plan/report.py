@@ -71,7 +71,7 @@ def wide_table(
     plans: Sequence[DeploymentPlan],
     format_title: str = "",
     gpu: str | None = None,
-    memory_given: bool = False,
+    memory_given: str | None = None,
 ) -> str:
     """``--wide``: one row per deployment with every column; per-GPU
     figures, GB = 10^9 bytes (``format_title``: the format's, by default;
@@ -142,7 +142,7 @@ def wide_table(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} bytes "
             f"per token on every GPU ({kv.mla_layers} MLA layers), plus",
             f"the state of {kv.kda_layers} KDA layers per sequence, split by TP.",
-            *_rocm_backend_note(kv),
+            *_rocm_backend_note(plans),
             *_indexer_note(kv),
         ]
     return "\n".join(
@@ -181,15 +181,15 @@ def table(
     marked: Collection[Topology] = (),
     format_title: str = "",
     gpu: str | None = None,
-    memory_given: bool = False,
+    memory_given: str | None = None,
 ) -> str:
     """The default table: one row per deployment, what a person deciding
     needs (120 columns): the layout (`` *`` after those ``marked``), the
     heaviest GPU's weights as vLLM alone and with the plugin allocate them,
     and, with a GPU size, whether each fits, the KV cache and why not.
     ``gpu``: how the heading names the GPU, once (default: its size in
-    GB); the fits note gives its memory in GB, and the GiB
-    ``--gpu-memory-gib`` gave where ``memory_given``."""
+    GB); the fits note gives its memory in GB, and the option that gave it
+    (``memory_given``: ``--gpu-memory-gb 192``), once."""
     first = plans[0]
     budget, serving = first.budget, first.serving
     groups = [
@@ -248,7 +248,7 @@ def table(
             f"KV cache ({serving.kv_cache_dtype}): {kv.mla_bytes_per_token:,} B "
             "per token on every GPU, plus KDA state per sequence."
         )
-        lines += _rocm_backend_note(kv)
+        lines += _rocm_backend_note(plans)
         lines += _kv_columns_note(plans)
         lines += _indexer_note(kv)
     return "\n".join(lines + _dcp_note(plans) + _draft_note(plans))
@@ -318,15 +318,26 @@ def _gpu_heading(budget: KvBudget | None, gpu: str | None) -> str:
     return f", {gpu or f'{_gpu_gb(budget):.1f} GB'} GPUs"
 
 
-def _rocm_backend_note(kv: KvCacheShape) -> list[str]:
+def _rocm_backend_note(plans: Sequence[DeploymentPlan]) -> list[str]:
     """On an AMD GPU: the MLA backend whose blocks the KV cache was sized
-    with, as vLLM's ROCm selector picked it."""
+    with, as vLLM's ROCm selector picked it, and each layout's block size:
+    vLLM makes an MLA block at least one KDA layer's state of a request
+    (``Platform.update_block_size_for_backend``), which TP splits, so the
+    blocks differ by TP size (TP8 twice TP16's)."""
+    kv = plans[0].kv_cache
     if kv.rocm_mla_backend is None:
         return []
-    return [
-        f"MLA attention: {kv.rocm_mla_backend}, as vLLM's ROCm selector picks it",
-        f"here (its KV-cache blocks: {kv.block_size} tokens).",
-    ]
+    blocks = sorted(
+        {(p.deployment.tp_size, p.kv_cache.block_size) for p in plans},
+        key=lambda pair: pair[0],
+    )
+    sizes = ", ".join(f"{tokens:,} at TP{tp}" for tp, tokens in blocks)
+    return textwrap.wrap(
+        f"MLA attention: {kv.rocm_mla_backend}, as vLLM's ROCm selector picks it "
+        f"here (its KV-cache blocks, tokens per GPU: {sizes}).",
+        80,
+        break_on_hyphens=False,
+    )
 
 
 def _indexer_note(kv: KvCacheShape) -> list[str]:
@@ -357,13 +368,13 @@ def _draft_note(plans: Sequence[DeploymentPlan]) -> list[str]:
 
 
 def _fits_note(
-    budget: KvBudget, serving: Serving, rest: str, memory_given: bool = False
+    budget: KvBudget, serving: Serving, rest: str, memory_given: str | None = None
 ) -> list[str]:
     """What "fits" means on the installed vLLM, in the rows' GB alone (the
     options are in GiB: ``--reserve-gib`` is named, its figure in GB), then
     ``rest``; wrapped to 80 columns. The GPU's memory is as vLLM sees it
-    (a preset's), or as ``--gpu-memory-gib`` gave it (``memory_given``: its
-    GiB said here, once)."""
+    (a preset's), or as an option gave it (``memory_given``: the option and
+    its value, said here, once)."""
     share = "--gpu-memory-utilization"
     if not budget.utilization_given:
         share = f"{VLLM}'s default {share}"
@@ -387,11 +398,7 @@ def _fits_note(
     taken = "all" if budget.utilization == 1 else f"{budget.utilization:g}"
     return textwrap.wrap(
         f"fits: vLLM takes {taken} of each GPU's {_gpu_gb(budget):.1f} GB "
-        + (
-            f"({budget.gpu_memory_gib:g} GiB as given; "
-            if memory_given
-            else "(as vLLM sees it; "
-        )
+        + (f"(as given: {memory_given}; " if memory_given else "(as vLLM sees it; ")
         + f"{share}: {budget.requested_bytes / GB:.1f} GB){sizing}, less the "
         f"weights and a {budget.reserve_bytes / GB:.1f} GB reserve ({made}); the "
         f"rest is KV cache, {rest} It fits when that holds one request of "
@@ -484,7 +491,7 @@ def serve_commands(plans: Sequence[DeploymentPlan]) -> str:
         return "\n".join(
             _paragraph(
                 "vllm serve commands: given a GPU size (--gpu NAME or "
-                "--gpu-memory-gib X), plan prints one for each layout that fits."
+                "--gpu-memory-gb X), plan prints one for each layout that fits."
             )
         )
     fitting = [p for p in plans if p.advised_command]
@@ -505,7 +512,7 @@ def advice(
     unmarked: str = "",
     pick: Callable[[Topology], str] | None = None,
     next_step: Sequence[str] = (),
-    memory_given: bool = False,
+    memory_given: str | None = None,
 ) -> str:
     """The advisor's answer: the layouts that build, ordered by memory as
     the planner orders them (fitting first, most KV cache first), those run
@@ -517,8 +524,8 @@ def advice(
     marked = {layout.topology for layout in public}
     rows = [p for p in plans if _in_table(p)]
     heading = (
-        f"{title}\nOrdered by memory alone: layouts that fit first, most KV cache "
-        "first (speed is not measured)."
+        f"{title}\nOrdered by memory alone (GB = 10^9 bytes): layouts that fit "
+        "first, most KV cache first (speed is not measured)."
     )
     lines = [table(rows, heading, marked, memory_given=memory_given)]
     if public:
@@ -599,5 +606,9 @@ def _paragraph(text: str, width: int = 88) -> list[str]:
     return ["", *textwrap.wrap(text, width)]
 
 
-def as_json(plans: Sequence[DeploymentPlan]) -> str:
-    return json.dumps([p.to_dict() for p in plans], indent=2)
+def as_json(plans: Sequence[DeploymentPlan], planned_for: dict[str, Any]) -> str:
+    """Every layout's figures; each says the GPU it was planned for first
+    (``gpus.planned_for``), as the tables' headings do."""
+    return json.dumps(
+        [{"planned_for": planned_for, **p.to_dict()} for p in plans], indent=2
+    )
