@@ -182,9 +182,9 @@ def main() -> None:
                 shown = path
                 print(f"\n{path}")
                 header = [f"{'format':<10} {'layout':<9}"]
-                print(" ".join(header + [f"{s.key:<9}" for s in SCENARIOS]))
+                print(" ".join(header + [f"{s.key:<9}" for s in SCENARIOS]).rstrip())
             label = f"{fmt:<10} {layout.label():<9}"
-            print(" ".join([label, *(f"{c:<9}" for c in cells)]), flush=True)
+            print(" ".join([label, *(f"{c:<9}" for c in cells)]).rstrip(), flush=True)
     print("\ncolumns:")
     for scenario in SCENARIOS:
         _legend(scenario.key, scenario.legend)

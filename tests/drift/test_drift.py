@@ -32,7 +32,13 @@ PARTITION = f"{PATCH}model_executor.layers.fused_moe.routed_experts"
 STRICT = f"{PATCH}model_executor.layers.fused_moe.strict_expert_loading"
 LOADER = f"{PATCH}model_executor.model_loader.default_loader"
 INT_WNA16 = f"{PATCH}model_executor.layers.fused_moe.oracle.int_wna16"
-EVERY_FIX_IN_ORDER = [MODEL, PARTITION, STRICT, LOADER, INT_WNA16]  # PATCHES'
+# the fixes of an update that does not finish, and of load plans (vLLM's
+# reload code, which the in-tree patch leaves as it is)
+UPDATES = [
+    f"{PATCH}model_executor.model_loader.reload.{name}"
+    for name in ("layerwise", "direct", "plan")
+] + [f"{PATCH}model_executor.models.utils", f"{PATCH}distributed.weight_transfer.base"]
+EVERY_FIX_IN_ORDER = [MODEL, PARTITION, STRICT, LOADER, INT_WNA16, *UPDATES]  # PATCHES'
 EVERY_FIX = sorted(EVERY_FIX_IN_ORDER)
 
 # drift -> (fixes applied, the one line's level, words the line holds)
@@ -46,7 +52,7 @@ EXPECTED = {
     "signature-changed": ([], "WARNING", ["nothing patched", "get_all_weights"]),
     "module-moved": ([], "WARNING", ["nothing patched", "int_wna16"]),
     "in-tree": (
-        sorted([STRICT, LOADER]),
+        sorted([STRICT, LOADER, *UPDATES]),
         "INFO",
         ["already in vLLM, not applied: model", "routed_experts", "int_wna16"],
     ),

@@ -154,10 +154,11 @@ def test_a_load_plan_declaring_part_of_an_expert_is_refused(
         with pytest.raises(ValueError) as refused:
             PATHS["load_plan"](served, b, state)
         assert (
-            "layer language_model.layers.1.block_sparse_moe.experts is declared "
-            "in the load plan's metadata with part of what its kernel keeps "
-            "together (w1 and w3 with each of their tensors; w2 with each of "
-            "its tensors): expert 2 without w3.weight_packed, w3.weight_scale"
+            "Kimi-K3 load plan refused: layer "
+            "language_model.layers.1.block_sparse_moe.experts is declared in the "
+            "plan's metadata with part of what its kernel keeps together (w1 and "
+            "w3 with each of their tensors; w2 with each of its tensors): expert "
+            "2 without w3.weight_packed, w3.weight_scale"
         ) in str(refused.value)
         del state["metadata"]
         PATHS["load_plan"](served, b, state)

@@ -274,7 +274,7 @@ SCENARIOS = [
         REFUSED,
     ),
     Scenario(
-        "recv fails",
+        "recv fail",
         "the engine's receive of B's second bucket fails: A held (layerwise; a "
         "layer whole before it failed holds B)",
         lambda b: [in_buckets(b, 2)[0], RECEIVE_FAILS],

@@ -136,34 +136,38 @@ def expert_tensors_of(layer: nn.Module) -> dict[str, torch.Tensor]:
     return {name: t for name, t in tensors.items() if name.split("_")[0] in GROUPS}
 
 
+def missing_units(found: Delivery, every_expert: bool) -> str | None:
+    """What ``found`` lacks of what the kernel takes, in words (None: it
+    lacks nothing): part of a unit, or, where ``every_expert``, some experts
+    with nothing at all."""
+    if found.partial:
+        return (
+            "part of what its kernel keeps together (w1 and w3 with each of "
+            "their tensors; w2 with each of its tensors): "
+            + _describe_partial(found.partial)
+        )
+    if every_expert and any(found.none.values()):
+        unsent = sorted({e for experts in found.none.values() for e in experts})
+        groups = ", ".join(g for g, e in found.none.items() if e)
+        return f"part of its experts (nothing of experts {spans(unsent)} for {groups})"
+    return None
+
+
 def check_before_preparing(
     model: nn.Module | None,
     layer_name: str,
     sent: Sent,
     found: Delivery,
     in_direct_mode: bool,
-    sent_how: str = "was sent",
 ) -> None:
     """Refuse, before the layer is prepared, an update its kernel cannot
-    take as sent (see the module docstring). ``sent_how``: how the update
-    gives the layer what ``sent`` holds (a load plan declares it)."""
-    if found.partial:
-        refuse(
-            model,
-            layer_name,
-            f"{sent_how} part of what its kernel keeps together (w1 and w3 with "
-            "each of their tensors; w2 with each of its tensors): "
-            + _describe_partial(found.partial),
-        )
-    if in_direct_mode and sent.by_expert and any(found.none.values()):
-        unsent = sorted({e for experts in found.none.values() for e in experts})
-        refuse(
-            model,
-            layer_name,
-            f"{sent_how} part of its experts (nothing of experts {spans(unsent)} "
-            f"for {', '.join(g for g, e in found.none.items() if e)}), and vLLM's "
-            "direct reload keeps nothing of what was not sent",
-        )
+    take as sent (see the module docstring)."""
+    missing = missing_units(found, in_direct_mode and bool(sent.by_expert))
+    if missing is None:
+        return
+    if not found.partial:  # experts missing, in direct mode
+        missing += ", and vLLM's direct reload keeps nothing of what was not sent"
+    refuse(model, layer_name, f"was sent {missing}")
 
 
 def keep_unsent(

@@ -55,8 +55,8 @@ from torch import nn
 
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partial_updates import (
     Sent,
-    check_before_preparing,
     delivery,
+    missing_units,
 )
 from vllm_kimi_k3_moe.model_executor.model_loader.unfinished_update import (
     kimi_k3_loadings,
@@ -76,7 +76,7 @@ ONLY_WHERE = _PLAN_MODULE
 _DIRECT_WRITES: dict[int, dict[str, tuple[Any, Any]]] = {}
 
 
-def _held_to_its_metadata(model: nn.Module, plan: Any, loading: Any) -> None:
+def _held_to_its_metadata(plan: Any, loading: Any) -> None:
     """Refuse ``plan`` where its metadata declares part of what ``loading``'s
     kernel keeps together on this GPU; note the names it writes directly."""
     planned, loading.planned = loading.planned, {}
@@ -94,14 +94,16 @@ def _held_to_its_metadata(model: nn.Module, plan: Any, loading: Any) -> None:
     if not declared.by_expert:
         return  # the plan sends this layer nothing
     found = delivery(declared, loading.local_experts(), loading.expert_tensors)
-    check_before_preparing(
-        model,
-        loading.sent_prefix.rstrip("."),
-        declared,
-        found,
-        in_direct_mode=True,
-        sent_how="is declared in the load plan's metadata with",
-    )
+    missing = missing_units(found, every_expert=True)
+    if missing is not None:
+        raise ValueError(
+            f"Kimi-K3 load plan refused: layer {loading.sent_prefix.rstrip('.')} "
+            f"is declared in the plan's metadata with {missing}, and vLLM's direct "
+            "reload keeps nothing of what an update does not send. Declare every "
+            "tensor of each layer and initialise the weight-transfer engine "
+            "again; the model must not serve until a whole update lands (no "
+            "restart needed)."
+        )
 
 
 def _planning(own: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,7 +116,7 @@ def _planning(own: Callable[..., Any]) -> Callable[..., Any]:
         _DIRECT_WRITES.pop(id(plan), None)
         weakref.finalize(plan, _DIRECT_WRITES.pop, id(plan), None)
         for loading in loadings:
-            _held_to_its_metadata(model, plan, loading)
+            _held_to_its_metadata(plan, loading)
         return plan
 
     return plan_loads
