@@ -29,12 +29,10 @@ How
     update abandoned without an exception (no further bucket, no finish) is
     given back by the next update's start (``model_loader.reload.layerwise``).
 Related PR
-    None upstream; vllm-project/vllm#48920 (a failed update is a mixture)
-    and #51378 (modelwise transactions) are on the same ground.
+    As ``model_executor.models.utils``'s (the same put-back, for a failure
+    outside vLLM's loading).
 Delete when
-    vLLM's reload rolls back an update that fails (re-check at every vLLM
-    bump; on other vLLM code the plugin checks ``TARGETS`` first:
-    ``vllm_kimi_k3_moe.verification``).
+    With ``model_executor.models.utils``'s patch.
 Verified against
     vLLM 0.33.0 and 0.34.0 (``compat.VERIFIED_VLLM_RELEASES``): CI runs the
     whole test suite on each.

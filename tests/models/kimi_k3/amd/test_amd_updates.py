@@ -16,9 +16,9 @@ from tests.models.kimi_k3.amd.conftest import on_an_amd_gpu
 from tests.models.kimi_k3.preparation.harness import PreparationCase
 from tests.models.kimi_k3.preparation.test_in_place_updates import (
     _paths_of_this_vllm,
-    ranks_to_update,
     updated_like_fresh,
 )
+from tests.models.kimi_k3.preparation.update_matrix import ranks_of
 from tests.models.kimi_k3.preparation.updates import reload_mode_of
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 
@@ -36,7 +36,7 @@ def test_updates_on_emulation_at_tp32(amd_model, monkeypatch, path) -> None:
         pytest.skip("EPLB reloads expert-parallel layers: not at TP32")
     monkeypatch.setenv("VLLM_RELOAD_MODE", reload_mode_of(path))
     problems = []
-    for rank in ranks_to_update(TP32):
+    for rank in ranks_of(TP32):
         case = PreparationCase("mxfp4", "auto", TP32, rank, rows=HELD_AT_TP32)
         problems += updated_like_fresh(amd_model, case, path, selection=on_an_mi300x)
     assert not problems, "\n".join(problems)

@@ -16,6 +16,13 @@ from typing import Any
 import pytest
 
 from tests.models.kimi_k3.preparation.harness import PreparationCase
+from tests.models.kimi_k3.preparation.update_matrix import (
+    LAYOUTS,
+    TP8_EP,
+    TP16_DP2,
+    TP32,
+    ranks_of,
+)
 from tests.models.kimi_k3.preparation.updates import (
     PATHS,
     differences,
@@ -26,12 +33,8 @@ from tests.models.kimi_k3.preparation.updates import (
     weights_of,
 )
 from vllm_kimi_k3_moe.model_executor.layers.fused_moe.online import is_online
-from vllm_kimi_k3_moe.tools.deployment.topology import Topology
 from vllm_kimi_k3_moe.tools.meta_rank.vllm_config import OnlineQuantization
 
-TP8, TP16, TP32 = Topology(8), Topology(16), Topology(32)
-TP16_DP2 = Topology(16, dp_size=2)
-TP8_EP = Topology(8, expert_parallel=True)
 UPDATES = (1, 2)  # weights B and C after A (0): two updates in a row
 
 
@@ -134,15 +137,6 @@ FORMATS = [
     ("nvfp4", "marlin"),
     ("awq", "marlin"),
 ]
-LAYOUTS = [TP8, TP16, TP32, TP16_DP2, TP8_EP]
-
-
-def ranks_to_update(layout: Topology) -> list[int]:
-    """The first and last GPU, and the two either side of the middle (where
-    whole scale groups leave the last GPUs fewer rows or none): every GPU of
-    every layout runs in ``python -m benchmarks.in_place_updates``."""
-    gpus = layout.tp_size * layout.dp_size
-    return sorted({0, gpus // 2 - 1, gpus // 2, gpus - 1})
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda t: t.label())
@@ -154,7 +148,7 @@ def test_updated_through_the_public_reload(
     ``reload_weights`` (vLLM's layerwise reload on both releases)."""
     reload_mode("reload_weights")
     problems = []
-    for rank in ranks_to_update(layout):
+    for rank in ranks_of(layout):
         case = PreparationCase(config, backend, layout, rank)
         problems += updated_like_fresh(kimi_model, case, "reload_weights")
     assert not problems, "\n".join(problems)
@@ -179,7 +173,7 @@ def test_bf16_updates_into_an_online_quantized_model(
     online = OnlineQuantization("online", json.dumps({"moe": method}))
     problems = []
     for layout in (TP16_DP2, TP32):
-        for rank in ranks_to_update(layout):
+        for rank in ranks_of(layout):
             case = PreparationCase("bf16", backend, layout, rank)
             problems += updated_like_fresh(kimi_model, case, path, online)
     assert not problems, "\n".join(problems)

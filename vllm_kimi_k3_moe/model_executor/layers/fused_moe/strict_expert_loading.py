@@ -262,20 +262,22 @@ class StrictExpertLoading:
             self.load.started = True
             self.learn_checkpoint_prefix(expert_slice, loaded_weight)
             self.check_contract(expert_slice, loaded_weight, weight_name)
+            call = functools.partial(
+                own,
+                param,
+                loaded_weight,
+                weight_name,
+                shard_id=shard_id,
+                expert_id=expert_id,
+                return_success=return_success,
+            )
             traced = load_plan_trace_name(loaded_weight)
             if traced is not None:
                 # vLLM 0.34 planning a load plan: no data, nothing written;
                 # where the name lands is what the plan writes later
                 if self.is_local(expert_id):
                     self.planned[traced] = expert_slice
-                return own(
-                    param,
-                    loaded_weight,
-                    weight_name,
-                    shard_id=shard_id,
-                    expert_id=expert_id,
-                    return_success=return_success,
-                )
+                return call()
             # The ledger is the cold start's. On ``meta`` vLLM's layerwise
             # loader only counts what a call would write (it replays the call
             # on the materialised tensor); an update may deliver any part of
@@ -288,15 +290,6 @@ class StrictExpertLoading:
                     f" (expert {expert_id}, into {weight_name}) is loaded a second"
                     " time; the checkpoint must hold each expert tensor once."
                 )
-            call = functools.partial(
-                own,
-                param,
-                loaded_weight,
-                weight_name,
-                shard_id=shard_id,
-                expert_id=expert_id,
-                return_success=return_success,
-            )
             if param.is_meta and not self.cold_start and self.is_local(expert_id):
                 return counted_even_if_empty(call)
             result = call()
