@@ -21,6 +21,7 @@ import pytest
 
 from tests.drift.copies import DRIFTS, Drift, drifted_copy
 from tests.drift.in_copy import FIRST
+from tests.fixes_on import fixes_on
 from tests.model_info_cache import seeded_cache_root
 from upstream.project_helpers import PARTITIONS
 from upstream.verify_patch import PATCHED_CACHE_ROOT
@@ -33,11 +34,18 @@ STRICT = f"{PATCH}model_executor.layers.fused_moe.strict_expert_loading"
 LOADER = f"{PATCH}model_executor.model_loader.default_loader"
 INT_WNA16 = f"{PATCH}model_executor.layers.fused_moe.oracle.int_wna16"
 # the fixes of an update that does not finish, and of load plans (vLLM's
-# reload code, which the in-tree patch leaves as it is)
-UPDATES = [
-    f"{PATCH}model_executor.model_loader.reload.{name}"
-    for name in ("layerwise", "direct", "plan")
-] + [f"{PATCH}model_executor.models.utils", f"{PATCH}distributed.weight_transfer.base"]
+# reload code, which the in-tree patch leaves as it is; the copies keep the
+# installed release's code, so without those 0.33 lacks)
+UPDATES = fixes_on(
+    [
+        f"{PATCH}model_executor.model_loader.reload.{name}"
+        for name in ("layerwise", "direct", "plan")
+    ]
+    + [
+        f"{PATCH}model_executor.models.utils",
+        f"{PATCH}distributed.weight_transfer.base",
+    ]
+)
 EVERY_FIX_IN_ORDER = [MODEL, PARTITION, STRICT, LOADER, INT_WNA16, *UPDATES]  # PATCHES'
 EVERY_FIX = sorted(EVERY_FIX_IN_ORDER)
 

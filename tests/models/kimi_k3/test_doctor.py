@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from tests.fixes_on import lacking
 from vllm_kimi_k3_moe.tools.cli import doctor, main
 from vllm_kimi_k3_moe.tools.cli.version import code_fingerprint
 from vllm_kimi_k3_moe.tools.deployment.topology import Topology
@@ -160,16 +161,11 @@ def test_doctor_gives_each_fix_its_verdict() -> None:
     assert fixes == [_verdict_line(patch, installed) for patch in dict.fromkeys(judged)]
 
 
-# the fixes of code a verified release lacks: vLLM 0.33 has no direct-mode
-# reload and no load plans (reload/direct.py, reload/plan.py came with 0.34)
-NOTHING_TO_PATCH = {"0.33.0": {"direct": "reload.direct", "plan": "reload.plan"}}
-
-
 def _verdict_line(patch: str, installed: str) -> str:
     """Doctor's line for ``patch`` on a verified release: on, by its code,
     or not applicable where that release lacks what it is for."""
     name = patch.rsplit(".", 1)[-1]
-    lacking = NOTHING_TO_PATCH.get(installed, {})
-    if name in lacking:
-        return f"n/a {name}: nothing to patch, this vLLM has no {lacking[name]}"
+    absent = lacking()
+    if name in absent:
+        return f"n/a {name}: nothing to patch, this vLLM has no {absent[name]}"
     return f"on  {name}: verified, the code of vLLM {installed}"

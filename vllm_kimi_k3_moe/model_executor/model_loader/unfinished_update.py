@@ -51,6 +51,7 @@ import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
@@ -83,8 +84,13 @@ def direct_mode() -> bool:
 
 def kimi_k3_loadings(model: nn.Module) -> list:
     """The strict-loading ledgers of the Kimi-K3 routed experts in ``model``."""
+    return [loading for _, loading in kimi_k3_layers(model)]
+
+
+def kimi_k3_layers(model: nn.Module) -> list[tuple[nn.Module, Any]]:
+    """Each Kimi-K3 routed-expert layer of ``model``, with its ledger."""
     return [
-        loading
+        (module, loading)
         for module in model.modules()
         if (loading := getattr(module, EXPERT_LOADING, None)) is not None
     ]

@@ -16,7 +16,9 @@ from __future__ import annotations
 import pytest
 
 from tests.models.kimi_k3.preparation.update_matrix import (
+    DIRECT_PATHS,
     FORMATS,
+    SCENARIO_NAMED,
     SCENARIOS,
     TP8_EP,
     TP16,
@@ -82,3 +84,16 @@ def test_every_scenario_in_every_format(kimi_model, reload_mode, path) -> None:
     reload_mode(path)
     wrong = wrong_cells(kimi_model, path, OTHER_FORMATS)
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", [p for p in DIRECT_PATHS if p in paths_of_this_vllm()])
+def test_a_direct_update_sending_a_gpu_none_of_its_experts(
+    kimi_model, reload_mode, path
+) -> None:
+    """Expert parallelism: B for experts 1 and 2 sends GPU 3 of TP8 (one
+    expert a GPU in the small layer) nothing of the layer, and direct mode
+    prepares every layer again at its finish, this one from its Marlin
+    bytes read as a checkpoint's: refused, and B sent whole next lands."""
+    reload_mode(path)
+    experts = SCENARIO_NAMED["experts"]
+    assert cell(kimi_model, FORMAT["mxfp4"], TP8_EP, path, experts, [3]) == "ok"

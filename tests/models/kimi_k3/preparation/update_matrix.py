@@ -126,8 +126,10 @@ def ranks_of(layout: Topology) -> list[int]:
 @dataclass(frozen=True)
 class Expected:
     """What is right after a scenario's update: whether it raises (``yes``,
-    ``no``, or ``unless B``: a GPU the broken tensor does not reach, its
-    expert another GPU's, may finish holding B), and what the layer may hold
+    ``no``, or ``unless`` what a GPU may finish holding instead: ``unless
+    B``, a GPU the broken tensor does not reach, its expert another GPU's;
+    ``unless mix``, a GPU sent each of its experts whole or not at all, as
+    with expert parallelism), and what the layer may hold
     then: ``B``; ``mix`` (B where ``Scenario.keeps`` says, A elsewhere);
     ``A``; ``B`` beside ``A`` where the layer had all of its share before the
     failure (vLLM finishes a layer as soon as it is whole); ``open``: still
@@ -207,7 +209,9 @@ class Scenario:
 
 
 B = Expected("no", ("B",))
-REFUSED = Expected("yes", ("-",))
+# direct mode keeps nothing: a GPU an update sent part of what it holds
+# refuses it
+REFUSED = Expected("unless mix", ("-",))
 LOADER_PATHS = ("reload_weights", "start_reload", "direct", "load_plan")
 BUCKET_PATHS = ("start_reload", "direct", "load_plan")
 
@@ -271,7 +275,7 @@ SCENARIOS = [
         "died holds B)",
         lambda b: [DiesMidway(b, len(b) // 2)],
         Expected("yes", ("A", "B")),
-        REFUSED,
+        Expected("yes", ("-",)),
     ),
     Scenario(
         "recv fail",
@@ -279,7 +283,7 @@ SCENARIOS = [
         "layer whole before it failed holds B)",
         lambda b: [in_buckets(b, 2)[0], RECEIVE_FAILS],
         Expected("yes", ("A", "B")),
-        REFUSED,
+        Expected("yes", ("-",)),
         paths=BUCKET_PATHS,
     ),
     Scenario(
@@ -387,7 +391,7 @@ def verdict(
         "A": fresh_load(kimi_model, case, fmt, 0),
         "B": fresh_load(kimi_model, case, fmt, 1),
     }
-    if "mix" in expected.holds:
+    if "mix" in (*expected.holds, expected.raises.removeprefix("unless ")):
         fresh["mix"] = fresh_load(kimi_model, case, fmt, (1, scenario.key))
     with (
         update_state() as state,
@@ -430,7 +434,8 @@ def _judged(
     loads of A, B and the mixture."""
     # what it holds, the expected first where two are the same bytes (a GPU
     # none of whose experts a partial update sent holds A and the mixture)
-    order = [*(k for k in expected.holds if k in fresh), *fresh]
+    instead = expected.raises.removeprefix("unless ")  # held where it finished
+    order = [*(k for k in (*expected.holds, instead) if k in fresh), *fresh]
     holds = (
         "open"
         if found is None
@@ -439,7 +444,8 @@ def _judged(
     if raised and expected.raises == "no":
         return "raises"
     if not raised and (
-        expected.raises == "yes" or (expected.raises == "unless B" and holds != "B")
+        expected.raises == "yes"
+        or (expected.raises.startswith("unless ") and holds != instead)
     ):
         return "took it"
     if "-" in expected.holds or holds in expected.holds:

@@ -36,9 +36,14 @@ copy of the kept slices (at most the layer's kernel tensors).
 
 vLLM's direct mode (``VLLM_RELOAD_MODE=direct``) writes into the kernel's
 storage from ``begin``; nothing can be kept. A layer an update sent part of
-through its loaders is refused there at ``finish``, naming what is missing,
-instead of being prepared from bytes nobody sent; a layer whose loaders saw
-nothing is prepared as vLLM prepares it (a load plan writes without them).
+(through its loaders, or a load plan's writes) is refused there at
+``finish``, naming what is missing, instead of being prepared from bytes
+nobody sent. So is a layer sent nothing whose kernel tensors vLLM's
+``begin`` viewed back to the checkpoint's layout (a GPU holding none of the
+experts an update sent, with expert parallelism): ``finish`` prepares every
+layer again, that one from its kernel's bytes read as a checkpoint's. A
+layer sent nothing whose tensors kept their layout is prepared as vLLM
+prepares it.
 """
 
 from __future__ import annotations
@@ -159,9 +164,20 @@ def check_before_preparing(
     sent: Sent,
     found: Delivery,
     in_direct_mode: bool,
+    viewed_back: bool = False,
 ) -> None:
     """Refuse, before the layer is prepared, an update its kernel cannot
-    take as sent (see the module docstring)."""
+    take as sent (see the module docstring). ``viewed_back``: vLLM's direct
+    mode viewed the layer's kernel tensors back to the checkpoint's layout
+    at the update's begin."""
+    if viewed_back and not sent.by_expert:
+        refuse(
+            model,
+            layer_name,
+            "was sent none of its experts, and vLLM's direct reload prepares "
+            "every layer again at its finish, this one from its kernel's bytes "
+            "read as the checkpoint's (direct mode takes whole updates only)",
+        )
     missing = missing_units(found, in_direct_mode and bool(sent.by_expert))
     if missing is None:
         return

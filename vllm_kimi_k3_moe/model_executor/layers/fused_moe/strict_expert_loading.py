@@ -218,6 +218,9 @@ class StrictExpertLoading:
         self.planned: dict[str, ExpertSlice] = {}
         # the module the update under way started on (``start_update``)
         self._update_model: Callable[[], nn.Module | None] = lambda: None
+        # whether vLLM's direct-mode begin viewed this layer's kernel tensors
+        # back to the checkpoint's layout (``model_loader.reload.direct``)
+        self.viewed_back = False
         # Until the layer is first prepared for its kernel (vLLM's cold
         # start), every expert tensor must arrive once; after it, loads are
         # in-place updates (``check_complete``).
@@ -376,11 +379,15 @@ class StrictExpertLoading:
     def missing(self) -> list[ExpertSlice]:
         return sorted(self.expected_slices() - self.written)
 
-    def start_update(self, model: nn.Module) -> None:
+    def start_update(self, model: nn.Module, viewed_back: bool = False) -> None:
         """An in-place update starts on ``model`` (the module vLLM's reload
-        was started on, this layer among its modules): nothing sent yet."""
+        was started on, this layer among its modules): nothing sent yet.
+        ``viewed_back``: vLLM's direct mode began by viewing this layer's
+        kernel tensors back to the checkpoint's layout (they stay so until
+        the layer is prepared again: a refused update leaves them so)."""
         self.sent = Sent()  # what an update that did not finish sent: forgotten
         self._update_model = weakref.ref(model)
+        self.viewed_back = self.viewed_back or viewed_back
 
     def update_model(self) -> nn.Module | None:
         """The module the update under way started on (where a refusal
@@ -402,8 +409,10 @@ class StrictExpertLoading:
         found = delivery(sent, local, self.expert_tensors)
         name = self.sent_prefix.rstrip(".")
         model = self.update_model()
-        check_before_preparing(model, name, sent, found, in_direct_mode)
+        viewed_back = in_direct_mode and self.viewed_back
+        check_before_preparing(model, name, sent, found, in_direct_mode, viewed_back)
         process_weights(layer)
+        self.viewed_back = False
         if previous is not None:
             keep_unsent(model, layer, name, previous, found, local)
 

@@ -17,11 +17,18 @@ Why
     An update that raised before its finish (the weights' source dying
     midway) never cleared that record: the next update, sent part of a
     layer, would have looked whole with the dead one's tensors, and been
-    prepared from bytes nobody sent this time.
+    prepared from bytes nobody sent this time. And a layer an update sends
+    nothing (a GPU holding none of the experts a partial update sent) is
+    prepared again at the finish from whatever its storage holds: where
+    ``begin`` viewed its kernel tensors back to the checkpoint's layout,
+    that is the kernel's bytes read as a checkpoint's.
 How
     After vLLM's ``begin_direct_reload`` returns (it refuses with the model
     untouched, or begins), each Kimi-K3 routed-expert layer of the model
-    starts a new record (``StrictExpertLoading.start_update``).
+    starts a new record (``StrictExpertLoading.start_update``), noting
+    whether ``begin`` changed how any of its kernel tensors lays its
+    storage out (viewed it back); the finish refuses such a layer sent
+    nothing.
 Related PR
     None upstream: vLLM's direct mode keeps no state across updates of its
     own (``reload/direct.py``: no rollback by design, the next full update
@@ -42,8 +49,11 @@ from typing import Any
 
 from torch import nn
 
+from vllm_kimi_k3_moe.model_executor.layers.fused_moe.partial_updates import (
+    expert_tensors_of,
+)
 from vllm_kimi_k3_moe.model_executor.model_loader.unfinished_update import (
-    kimi_k3_loadings,
+    kimi_k3_layers,
 )
 from vllm_kimi_k3_moe.patching import unwrap_method, wrap_method
 
@@ -55,12 +65,22 @@ TARGETS = (f"{_DIRECT}:{BEGIN}",)
 ONLY_WHERE = _DIRECT
 
 
+def _layouts(layer: nn.Module) -> dict[str, tuple[Any, ...]]:
+    """How each kernel tensor of ``layer`` lays its storage out."""
+    return {
+        name: (t.shape, t.stride(), t.dtype, t.storage_offset(), t.data_ptr())
+        for name, t in expert_tensors_of(layer).items()
+    }
+
+
 def _recording_anew(own: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(own)
     def begin_direct_reload(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        layers = kimi_k3_layers(model)
+        before = [_layouts(layer) for layer, _ in layers]
         result = own(model, *args, **kwargs)
-        for loading in kimi_k3_loadings(model):
-            loading.start_update(model)
+        for (layer, loading), held in zip(layers, before, strict=True):
+            loading.start_update(model, viewed_back=_layouts(layer) != held)
         return result
 
     return begin_direct_reload
