@@ -139,6 +139,12 @@ class Expected:
     raises: str
     holds: tuple[str, ...]
 
+    @property
+    def instead(self) -> str | None:
+        """What a GPU may finish holding instead of raising (``unless``)."""
+        unless = self.raises.startswith("unless ")
+        return self.raises.removeprefix("unless ") if unless else None
+
 
 def _part(name: str) -> tuple[int, str]:
     _, expert, projection, _ = name.rsplit(".", 3)
@@ -391,7 +397,7 @@ def verdict(
         "A": fresh_load(kimi_model, case, fmt, 0),
         "B": fresh_load(kimi_model, case, fmt, 1),
     }
-    if "mix" in (*expected.holds, expected.raises.removeprefix("unless ")):
+    if "mix" in (*expected.holds, expected.instead):
         fresh["mix"] = fresh_load(kimi_model, case, fmt, (1, scenario.key))
     with (
         update_state() as state,
@@ -434,8 +440,7 @@ def _judged(
     loads of A, B and the mixture."""
     # what it holds, the expected first where two are the same bytes (a GPU
     # none of whose experts a partial update sent holds A and the mixture)
-    instead = expected.raises.removeprefix("unless ")  # held where it finished
-    order = [*(k for k in (*expected.holds, instead) if k in fresh), *fresh]
+    order = [*(k for k in (*expected.holds, expected.instead) if k in fresh), *fresh]
     holds = (
         "open"
         if found is None
@@ -445,7 +450,7 @@ def _judged(
         return "raises"
     if not raised and (
         expected.raises == "yes"
-        or (expected.raises.startswith("unless ") and holds != instead)
+        or (expected.instead is not None and holds != expected.instead)
     ):
         return "took it"
     if "-" in expected.holds or holds in expected.holds:
